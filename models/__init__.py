@@ -1,0 +1,1 @@
+"""decide model factory (dev-time only: torch/transformers live here, never in the bundle)."""

@@ -1,0 +1,37 @@
+"""Where the program's data lives: next to the frozen binary, or the repository root from source."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+DEFAULT_MODEL = Path("models") / "topics-multilingual"
+
+
+def app_dir() -> Path:
+    """The directory holding models/ and platforms/.
+
+    Frozen (PyInstaller onedir): the executable's directory (the bundle puts models/ and
+    platforms/ next to the binary). From source: the repository root (parent of runtime/).
+    """
+    if getattr(sys, "frozen", False):
+        return Path(sys.executable).resolve().parent
+    return Path(__file__).resolve().parent.parent
+
+
+def search_dirs() -> list[Path]:
+    """App dir first, then PyInstaller's unpack dir (sys._MEIPASS) if data was bundled there."""
+    dirs = [app_dir()]
+    meipass = getattr(sys, "_MEIPASS", None)
+    if meipass and Path(meipass) not in dirs:
+        dirs.append(Path(meipass))
+    return dirs
+
+
+def find_data_dir(relative: Path | str) -> Path:
+    """First existing `dir/relative` among search_dirs(); the app-dir path if none exists."""
+    for base in search_dirs():
+        candidate = base / relative
+        if candidate.exists():
+            return candidate
+    return app_dir() / relative

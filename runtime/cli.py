@@ -1,0 +1,331 @@
+"""Command line: `decide [serve]`, `decide info`, `decide selftest`, `decide bench`.
+
+Order matters: arguments → CPU probe → tier choice → package manifest, all stdlib; only then are
+numpy/onnxruntime imported (runtime.engine). A CPU below the baseline tier is refused with one
+line on stderr and EXIT_CPU_UNSUPPORTED before anything could die with "Illegal instruction".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runtime import __version__
+from runtime.appdir import DEFAULT_MODEL, find_data_dir
+from runtime.cpu import CpuFeatures, probe
+from runtime.package import Package, PackageError, load_package
+from runtime.protocol import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_TEXTS
+from runtime.tiers import (
+    Choice,
+    CpuUnsupported,
+    NoUsableVariant,
+    OverrideError,
+    PlatformTiers,
+    check_tiers,
+    load_platform,
+    select,
+)
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2  # bad arguments, or an override this CPU/package cannot honour
+EXIT_CPU_UNSUPPORTED = 3
+EXIT_PACKAGE = 4  # model package missing, malformed, checksum mismatch, no usable variant
+EXIT_SELFTEST_FAILED = 5
+EXIT_INTERRUPTED = 130  # Ctrl-C before serving started
+
+COMMANDS = ("serve", "info", "selftest", "bench")
+ENV_MODEL, ENV_TIER, ENV_VARIANT = "DECIDE_MODEL", "DECIDE_TIER", "DECIDE_VARIANT"
+
+log = logging.getLogger("decide")
+
+
+class UsageError(Exception):
+    """Arguments that parse but make no sense."""
+
+
+def build_parser(command: str) -> argparse.ArgumentParser:
+    """The argument parser of one command (shared options + the command's own)."""
+    parser = argparse.ArgumentParser(
+        prog="decide" if command == "serve" else f"decide {command}",
+        description={
+            "serve": "Classify JSON lines from stdin to stdout (the default command).",
+            "info": "Show the probed CPU, every tier with pass/fail, and the choice.",
+            "selftest": "Check the golden examples against the FP32 reference on this machine.",
+            "bench": "Latency percentiles and throughput per batch size, short and long texts.",
+        }[command],
+        epilog="Commands: serve (default), info, selftest, bench. Exit codes: 0 ok, 1 internal error, "
+        "2 usage, 3 CPU unsupported, 4 model package error, 5 selftest failed.",
+    )
+    parser.add_argument("--model", type=Path, default=None,
+                        help=f"model package directory (env {ENV_MODEL}; default: <app dir>/{DEFAULT_MODEL})")
+    parser.add_argument("--tier", default=None, help=f"force a CPU tier (env {ENV_TIER})")
+    parser.add_argument("--variant", default=None, help=f"force a model variant (env {ENV_VARIANT})")
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: usable cores)")
+    parser.add_argument("--spin", action="store_true",
+                        help="let ORT worker threads spin between requests (lower latency, burns CPU)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
+    parser.add_argument("--version", action="version", version=f"decide {__version__}")
+    if command == "serve":
+        parser.add_argument("--ready", action="store_true",
+                            help='print {"event": "ready", …} as the first line once the model is warm')
+        parser.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE_BYTES,
+                            help="longest request line accepted (default 1 MiB)")
+        parser.add_argument("--max-texts", type=int, default=DEFAULT_MAX_TEXTS,
+                            help="most texts in one {\"texts\": [...]} request")
+        parser.add_argument("--max-batch", type=int, default=32, help="most texts per model call")
+    if command in ("info", "selftest", "bench"):
+        parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    if command == "selftest":
+        parser.add_argument("--all-variants", action="store_true", help="check every variant in the package")
+    if command == "bench":
+        parser.add_argument("--batch-sizes", default="1,4,16,32", help="comma-separated batch sizes")
+        parser.add_argument("--seconds", type=float, default=2.0, help="time budget per measurement")
+    return parser
+
+
+def split_command(argv: list[str]) -> tuple[str, list[str]]:
+    """The command name (serve if none given) and its arguments."""
+    if argv and argv[0] in COMMANDS:
+        return argv[0], argv[1:]
+    return "serve", argv
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything decided before numpy/onnxruntime are imported."""
+
+    features: CpuFeatures
+    platform: PlatformTiers
+    choice: Choice
+    package: Package
+    threads: int
+
+
+def model_dir(args: argparse.Namespace) -> Path:
+    """--model, else $DECIDE_MODEL, else the default package next to the app."""
+    if args.model is not None:
+        return args.model
+    if os.environ.get(ENV_MODEL):
+        return Path(os.environ[ENV_MODEL])
+    return find_data_dir(DEFAULT_MODEL)
+
+
+def probe_and_choose_tier(args: argparse.Namespace) -> tuple[CpuFeatures, PlatformTiers, Choice]:
+    """Probe the CPU and choose the tier (no package yet); raises CpuUnsupported/OverrideError."""
+    features = probe()
+    platform = load_platform(find_data_dir("platforms"), features.arch)
+    tier_override = args.tier or os.environ.get(ENV_TIER) or None
+    return features, platform, select(features, platform, None, tier_override)
+
+
+def prepare(args: argparse.Namespace) -> Setup:
+    """CPU → tier → package → variant, the stdlib-only part of every command that runs the model."""
+    features, platform, tier_choice = probe_and_choose_tier(args)
+    package = load_package(model_dir(args))
+    choice = select(
+        features, platform, package.manifest.variants.keys(),
+        tier_override=tier_choice.tier.name if (args.tier or os.environ.get(ENV_TIER)) else None,
+        variant_override=args.variant or os.environ.get(ENV_VARIANT) or None,
+    )
+    if args.threads is not None and args.threads < 1:
+        raise UsageError("--threads must be at least 1")
+    cap = choice.tier.threads_max or features.usable_cores
+    threads = args.threads or min(features.usable_cores, cap)
+    return Setup(features, platform, choice, package, threads)
+
+
+def load_engine(setup: Setup, args: argparse.Namespace, variant: str | None = None, max_batch: int = 32):
+    """Import the numeric stack (only now) and build the warmed engine."""
+    from runtime.engine import Engine, EngineLimits, SessionSettings
+
+    ort_settings = setup.choice.tier.ort
+    settings = SessionSettings(
+        threads=setup.threads,
+        spinning=args.spin,
+        graph_optimization_level=ort_settings.get("graph_optimization_level", "extended"),
+        inter_op_threads=int(ort_settings.get("inter_op_threads", 1)),
+    )
+    engine = Engine(setup.package, variant or setup.choice.variant, settings, EngineLimits(max_batch=max_batch))
+    engine.warm_up()
+    return engine
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve JSON lines on stdin/stdout."""
+    from runtime import stdio
+    from runtime.protocol import Limits
+
+    if args.max_line_bytes < 1 or args.max_texts < 1 or args.max_batch < 1:
+        raise UsageError("--max-line-bytes, --max-texts and --max-batch must be at least 1")
+    # Claim stdout before importing numpy/onnxruntime, so nothing they print reaches the wire.
+    wire = stdio.protect_stdout()
+    setup = prepare(args)
+    engine = load_engine(setup, args, max_batch=args.max_batch)
+    from runtime.service import Service
+
+    limits = Limits(max_line_bytes=args.max_line_bytes, max_texts=args.max_texts)
+    service = Service(engine, limits, info={"tier": setup.choice.tier.name, "arch": setup.features.arch})
+    log.info("ready: model %s %s, tier %s, variant %s, %d threads, warm-up %.0f ms",
+             setup.package.manifest.name, setup.package.manifest.version, setup.choice.tier.name,
+             engine.variant.name, setup.threads, engine.warm_up_ms)
+    return stdio.serve(service, wire, ready=args.ready)
+
+
+def info_report(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
+    """Everything `info` shows, as JSON, and the exit code it implies."""
+    features = probe()
+    report: dict[str, Any] = {
+        "version": __version__,
+        "python": sys.version.split()[0],
+        "frozen": bool(getattr(sys, "frozen", False)),
+        "cpu": {"arch": features.arch, "usable_cores": features.usable_cores, "source": features.source,
+                "flags": sorted(features.flags)},
+    }
+    code = EXIT_OK
+    try:
+        platform = load_platform(find_data_dir("platforms"), features.arch)
+    except CpuUnsupported as exc:
+        report["error"] = {"code": "cpu_unsupported", "message": str(exc)}
+        return report, EXIT_CPU_UNSUPPORTED
+    report["tiers"] = [
+        {"name": c.tier.name, "pass": c.passed, "missing": list(c.missing), "variants": list(c.tier.variants),
+         "note": c.tier.note}
+        for c in check_tiers(features, platform)
+    ]
+    path = model_dir(args)
+    variants = None
+    try:
+        package = load_package(path)
+        variants = package.manifest.variants.keys()
+        report["model"] = {"path": str(path), "name": package.manifest.name,
+                           "version": package.manifest.version, "variants": sorted(variants)}
+    except PackageError as exc:
+        # Reported, not fatal: info is the diagnostic command and still shows the tier choice.
+        report["model"] = {"path": str(path), "error": str(exc)}
+    try:
+        choice = select(features, platform, variants, args.tier or os.environ.get(ENV_TIER) or None,
+                        args.variant or os.environ.get(ENV_VARIANT) or None)
+        report["choice"] = {"tier": choice.tier.name, "variant": choice.variant, "reasons": list(choice.reasons)}
+    except CpuUnsupported as exc:
+        report["error"] = {"code": "cpu_unsupported", "message": str(exc)}
+        code = EXIT_CPU_UNSUPPORTED
+    except OverrideError as exc:
+        report["error"] = {"code": "bad_override", "message": str(exc)}
+        code = EXIT_USAGE
+    except NoUsableVariant as exc:
+        report["error"] = {"code": "no_usable_variant", "message": str(exc)}
+    return report, code
+
+
+def format_info(report: dict[str, Any]) -> str:
+    """The human-readable `info` text."""
+    cpu = report["cpu"]
+    lines = [
+        f"decide {report['version']} (python {report['python']}{', frozen' if report['frozen'] else ''})",
+        f"cpu: {cpu['arch']}, {cpu['usable_cores']} usable cores, flags from {cpu['source']}",
+        "flags: " + " ".join(cpu["flags"]),
+    ]
+    if "tiers" in report:
+        lines.append("tiers (baseline first):")
+        for tier in report["tiers"]:
+            status = "pass" if tier["pass"] else "FAIL missing " + ", ".join(tier["missing"])
+            lines.append(f"  {tier['name']:<12} {status:<40} variants: {', '.join(tier['variants'])}")
+    model = report.get("model")
+    if model:
+        if "error" in model:
+            lines.append(f"model: {model['error']}")
+        else:
+            lines.append(f"model: {model['name']} {model['version']} at {model['path']} "
+                         f"(variants: {', '.join(model['variants'])})")
+    if "choice" in report:
+        choice = report["choice"]
+        lines.append(f"choice: tier {choice['tier']}, variant {choice['variant'] or '-'}")
+        lines.extend(f"  - {reason}" for reason in choice["reasons"])
+    if "error" in report:
+        lines.append(f"error: {report['error']['message']}")
+    return "\n".join(lines)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """Print the probe, the tier table and the choice."""
+    report, code = info_report(args)
+    print(json.dumps(report, indent=2) if args.json else format_info(report))
+    return code
+
+
+def cmd_selftest(args: argparse.Namespace) -> int:
+    """Golden set on the chosen variant (or all variants)."""
+    from runtime.selftest import check_golden
+
+    setup = prepare(args)
+    names = sorted(setup.package.manifest.variants) if args.all_variants else [setup.choice.variant]
+    results = [check_golden(load_engine(setup, args, variant=name)) for name in names]
+    if args.json:
+        print(json.dumps({"tier": setup.choice.tier.name, "results": [r.to_json() for r in results]}, indent=2))
+    else:
+        print(f"selftest on tier {setup.choice.tier.name}, model {setup.package.manifest.name} "
+              f"{setup.package.manifest.version}")
+        for result in results:
+            print(result.summary())
+            for problem in result.problems[:10]:
+                print(f"  - {problem}")
+    return EXIT_OK if all(r.passed for r in results) else EXIT_SELFTEST_FAILED
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Latency/throughput table per batch size for short and long texts."""
+    from runtime.bench import format_table, run_bench
+
+    try:
+        batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
+    except ValueError as exc:
+        raise UsageError(f"--batch-sizes: {exc}") from exc
+    if not batch_sizes or min(batch_sizes) < 1:
+        raise UsageError("--batch-sizes needs positive integers")
+    setup = prepare(args)
+    engine = load_engine(setup, args, max_batch=max(batch_sizes))
+    report = run_bench(engine, batch_sizes, args.seconds)
+    report["tier"] = setup.choice.tier.name
+    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    return EXIT_OK
+
+
+HANDLERS = {"serve": cmd_serve, "info": cmd_info, "selftest": cmd_selftest, "bench": cmd_bench}
+
+
+def configure_logging(quiet: bool) -> None:
+    """Logs go to stderr, UTF-8 whatever the locale."""
+    if hasattr(sys.stderr, "reconfigure"):
+        sys.stderr.reconfigure(encoding="utf-8", errors="backslashreplace")
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING if quiet else logging.INFO,
+                        format="decide: %(message)s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the process exit code (see README)."""
+    command, rest = split_command(list(sys.argv[1:] if argv is None else argv))
+    args = build_parser(command).parse_args(rest)  # exits 2 on bad arguments
+    configure_logging(args.quiet)
+    try:
+        return HANDLERS[command](args)
+    except CpuUnsupported as exc:
+        log.error("CPU not supported: %s. decide needs x86-64-v2 (SSE4.2+POPCNT) or ARMv8 NEON.", exc)
+        return EXIT_CPU_UNSUPPORTED
+    except (OverrideError, UsageError) as exc:
+        log.error("%s", exc)
+        return EXIT_USAGE
+    except (PackageError, NoUsableVariant) as exc:
+        log.error("model package error: %s", exc)
+        return EXIT_PACKAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # e.g. `decide info | head -1`: the reader left; nothing useful to say.
+        return EXIT_OK

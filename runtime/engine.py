@@ -1,0 +1,152 @@
+"""The warmed ONNX Runtime session: texts in, class probabilities out.
+
+One session per process, sequential execution, threads sized from the usable cores. Imported
+only after the CPU probe has accepted this machine (it imports numpy and onnxruntime).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+
+from runtime.batching import DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_TOKENS, plan_batches
+from runtime.package import Package, PackageError, verify_files
+from runtime.text import DEFAULT_BUCKETS, Encoded, TextEncoder, bucket_lengths, pad_batch
+
+_OPT_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    # EXTENDED, not ALL: ALL applies layout transforms tied to the CPU the graph is optimized on.
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """How the ORT session is built (from the tier's `ort` data plus command-line flags)."""
+
+    threads: int = 1
+    spinning: bool = False  # ORT's default is on: burns CPU between sparse requests
+    graph_optimization_level: str = "extended"
+    inter_op_threads: int = 1
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Batching limits and length buckets of the engine."""
+
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    max_batch: int = DEFAULT_MAX_BATCH
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+
+
+@dataclass(frozen=True)
+class Classification:
+    """The model's answer for one text."""
+
+    label: str
+    score: float
+    probs: tuple[float, ...]  # in manifest label order
+    truncated: bool
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax in float64 (stable for large logits)."""
+    shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
+    exp = np.exp(shifted)
+    return exp / exp.sum(axis=1, keepdims=True)
+
+
+def session_options(settings: SessionSettings) -> ort.SessionOptions:
+    """SessionOptions for one sequential CPU session."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = max(1, settings.threads)
+    options.inter_op_num_threads = max(1, settings.inter_op_threads)
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = _OPT_LEVELS[settings.graph_optimization_level]
+    options.add_session_config_entry(
+        "session.intra_op.allow_spinning", "1" if settings.spinning else "0"
+    )
+    options.log_severity_level = 3  # warnings from ORT go to stderr anyway; keep them quiet
+    return options
+
+
+class Engine:
+    """A verified, loaded and warmed model variant."""
+
+    def __init__(
+        self,
+        package: Package,
+        variant: str,
+        settings: SessionSettings = SessionSettings(),
+        limits: EngineLimits = EngineLimits(),
+        verify: bool = True,
+    ):
+        manifest = package.manifest
+        if variant not in manifest.variants:
+            raise PackageError(f"variant {variant!r} not in package {manifest.name}")
+        self.package = package
+        self.variant = manifest.variants[variant]
+        self.labels = manifest.labels
+        self.settings = settings
+        self.limits = limits
+        self.buckets = bucket_lengths(manifest.max_length, limits.buckets)
+        if verify:
+            # Refuse tampered or half-copied packages before ORT sees a byte of them.
+            verify_files(package, (manifest.tokenizer, *self.variant.files()))
+        self.encoder = TextEncoder(package.path(manifest.tokenizer), manifest.max_length, manifest.pad_id)
+        try:
+            self.session = ort.InferenceSession(
+                str(package.path(self.variant.file)),
+                sess_options=session_options(settings),
+                providers=["CPUExecutionProvider"],
+            )
+        except Exception as exc:  # ORT raises its own exception types (Fail, InvalidGraph, …)
+            raise PackageError(f"cannot load {package.path(self.variant.file)}: {exc}") from exc
+        self.input_names = {i.name for i in self.session.get_inputs()}
+        self.warm_up_ms = 0.0
+
+    def warm_up(self) -> float:
+        """Run one batch per length bucket so the first real request pays no first-run cost."""
+        start = time.perf_counter()
+        for length in self.buckets:
+            item = Encoded((self.encoder.pad_id,) * length, False)
+            self._run([item], length)
+        self.warm_up_ms = (time.perf_counter() - start) * 1000
+        return self.warm_up_ms
+
+    def _run(self, items: Sequence[Encoded], length: int) -> np.ndarray:
+        """Probabilities for items padded to `length`."""
+        input_ids, attention_mask = pad_batch(items, length, self.encoder.pad_id)
+        feed = {"input_ids": input_ids, "attention_mask": attention_mask}
+        (logits,) = self.session.run(["logits"], {k: v for k, v in feed.items() if k in self.input_names})
+        return softmax(logits)
+
+    def classify_encoded(self, items: Sequence[Encoded]) -> list[Classification]:
+        """Classify already tokenized texts, batched by bucket, results in input order."""
+        results: list[Classification | None] = [None] * len(items)
+        plan = plan_batches(
+            [len(item.ids) for item in items], self.buckets, self.limits.max_batch, self.limits.max_batch_tokens
+        )
+        for batch in plan:
+            probs = self._run([items[i] for i in batch.indices], batch.length)
+            for row, index in enumerate(batch.indices):
+                best = int(np.argmax(probs[row]))
+                results[index] = Classification(
+                    label=self.labels[best],
+                    score=float(probs[row, best]),
+                    probs=tuple(float(p) for p in probs[row]),
+                    truncated=items[index].truncated,
+                )
+        return [r for r in results if r is not None]
+
+    def classify(self, texts: Sequence[str]) -> list[Classification]:
+        """Tokenize and classify texts; results in input order."""
+        if not texts:
+            return []
+        return self.classify_encoded(self.encoder.encode(texts))

@@ -1,0 +1,193 @@
+"""The JSON-lines protocol, independent of any transport.
+
+A request line (bytes) becomes a typed request or an `ErrorReply` value; responses are dicts that
+`encode_line` turns into one UTF-8 line. Stdlib only, so it is testable without a model.
+
+Requests:  {"id": <scalar, optional>, "text": "..."}  or  {"id": …, "texts": ["...", …]}
+Control:   {"id": …, "op": "health" | "info" | "stats"}
+Errors:    {"id": …, "error": {"code": "<one of ERROR_CODES>", "message": "..."}}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Union
+
+JsonScalar = Union[str, int, float, bool, None]
+
+INVALID_UTF8 = "invalid_utf8"
+INVALID_JSON = "invalid_json"
+INVALID_REQUEST = "invalid_request"  # not an object, or a field of the wrong type
+MISSING_TEXT = "missing_text"
+EMPTY_TEXT = "empty_text"
+LINE_TOO_LONG = "line_too_long"
+TOO_MANY_TEXTS = "too_many_texts"
+UNKNOWN_OP = "unknown_op"
+INTERNAL_ERROR = "internal_error"  # the model failed on this request; the process keeps serving
+ERROR_CODES = (
+    INVALID_UTF8, INVALID_JSON, INVALID_REQUEST, MISSING_TEXT, EMPTY_TEXT,
+    LINE_TOO_LONG, TOO_MANY_TEXTS, UNKNOWN_OP, INTERNAL_ERROR,
+)
+CONTROL_OPS = ("health", "info", "stats")
+
+DEFAULT_MAX_LINE_BYTES = 1 << 20
+DEFAULT_MAX_TEXTS = 256
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-line limits the protocol enforces."""
+
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    max_texts: int = DEFAULT_MAX_TEXTS  # per {"texts": [...]} request
+
+    def to_json(self) -> dict[str, int]:
+        """JSON form for the ready event and the info op."""
+        return {"max_line_bytes": self.max_line_bytes, "max_texts": self.max_texts}
+
+
+@dataclass(frozen=True)
+class LineTooLong:
+    """What a transport hands over instead of a line longer than the limit (already discarded)."""
+
+    length: int
+
+
+@dataclass(frozen=True)
+class ClassifyRequest:
+    """Texts to classify; `single` = sent as "text" (answer with one result, not a list)."""
+
+    id: JsonScalar
+    texts: tuple[str, ...]
+    single: bool
+
+
+@dataclass(frozen=True)
+class ControlRequest:
+    """A control operation: health, info or stats."""
+
+    id: JsonScalar
+    op: str
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    """A request that cannot be served; answered as an error line."""
+
+    id: JsonScalar
+    code: str
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The error response object."""
+        return {"id": self.id, "error": {"code": self.code, "message": self.message}}
+
+
+Request = Union[ClassifyRequest, ControlRequest, ErrorReply]
+
+
+def _is_scalar(value: Any) -> bool:
+    """JSON scalars allowed as ids (finite numbers only: NaN is not JSON; no lone surrogates)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, str):
+        return _encodable(value)
+    return value is None or isinstance(value, (int, bool))
+
+
+def _encodable(text: str) -> bool:
+    """False for strings with lone surrogates ("\\ud800" is valid JSON but not valid Unicode text)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def parse_line(line: bytes | LineTooLong, limits: Limits = Limits()) -> Request | None:
+    """Turn one request line into a request or an ErrorReply; None for a blank line (skipped)."""
+    if isinstance(line, LineTooLong):
+        return ErrorReply(
+            None, LINE_TOO_LONG, f"line of {line.length} bytes exceeds the limit of {limits.max_line_bytes}"
+        )
+    if len(line) > limits.max_line_bytes:
+        return ErrorReply(
+            None, LINE_TOO_LONG, f"line of {len(line)} bytes exceeds the limit of {limits.max_line_bytes}"
+        )
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return ErrorReply(None, INVALID_UTF8, f"line is not valid UTF-8 (byte {exc.start})")
+    if not text.strip():
+        return None
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except (json.JSONDecodeError, ValueError) as exc:
+        return ErrorReply(None, INVALID_JSON, f"invalid JSON: {exc}")
+    if not isinstance(data, dict):
+        return ErrorReply(None, INVALID_REQUEST, "a request must be a JSON object")
+    request_id = data.get("id")
+    if not _is_scalar(request_id):
+        return ErrorReply(None, INVALID_REQUEST, "id must be a JSON scalar (string, number, bool, null)")
+    return _parse_object(data, request_id, limits)
+
+
+def _reject_constant(name: str) -> Any:
+    """json.loads accepts NaN/Infinity by default; they are not JSON."""
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _parse_object(data: dict[str, Any], request_id: JsonScalar, limits: Limits) -> Request:
+    """Validate the fields of a request object."""
+    if "op" in data:
+        op = data["op"]
+        if not isinstance(op, str):
+            return ErrorReply(request_id, INVALID_REQUEST, "op must be a string")
+        if op not in CONTROL_OPS:
+            return ErrorReply(request_id, UNKNOWN_OP, f"unknown op {op!r} (ops: {', '.join(CONTROL_OPS)})")
+        return ControlRequest(request_id, op)
+    has_text, has_texts = "text" in data, "texts" in data
+    if has_text and has_texts:
+        return ErrorReply(request_id, INVALID_REQUEST, 'send either "text" or "texts", not both')
+    if not has_text and not has_texts:
+        return ErrorReply(request_id, MISSING_TEXT, 'request has no "text" (or "texts")')
+    if has_text:
+        text = data["text"]
+        if not isinstance(text, str) or not _encodable(text):
+            return ErrorReply(request_id, INVALID_REQUEST, "text must be a string of valid Unicode")
+        if not text.strip():
+            return ErrorReply(request_id, EMPTY_TEXT, "text is empty")
+        return ClassifyRequest(request_id, (text,), single=True)
+    texts = data["texts"]
+    if not isinstance(texts, list):
+        return ErrorReply(request_id, INVALID_REQUEST, "texts must be a list of strings")
+    if not texts:
+        return ErrorReply(request_id, EMPTY_TEXT, "texts is an empty list")
+    if len(texts) > limits.max_texts:
+        return ErrorReply(
+            request_id, TOO_MANY_TEXTS, f"{len(texts)} texts exceed the limit of {limits.max_texts} per request"
+        )
+    for index, text in enumerate(texts):
+        if not isinstance(text, str) or not _encodable(text):
+            return ErrorReply(request_id, INVALID_REQUEST, f"texts[{index}] must be a string of valid Unicode")
+        if not text.strip():
+            return ErrorReply(request_id, EMPTY_TEXT, f"texts[{index}] is empty")
+    return ClassifyRequest(request_id, tuple(texts), single=False)
+
+
+def result_json(label: str, score: float, probs: tuple[float, ...], labels: tuple[str, ...],
+                truncated: bool) -> dict[str, Any]:
+    """One text's result: top label and score, every class probability, truncation flag."""
+    return {
+        "label": label,
+        "score": round(score, 6),
+        "scores": {name: round(p, 6) for name, p in zip(labels, probs)},
+        "truncated": truncated,
+    }
+
+
+def encode_line(response: dict[str, Any]) -> bytes:
+    """One response as a UTF-8 JSON line (non-ASCII kept as is, newline-terminated)."""
+    return json.dumps(response, ensure_ascii=False, separators=(", ", ": ")).encode("utf-8") + b"\n"

@@ -1,0 +1,65 @@
+"""Tokenize texts and pad them to length buckets.
+
+Padding every input to one fixed length wastes most of the compute on short texts (attention is
+quadratic in length); padding to a few bucket lengths keeps the shapes few (ORT's CPU arena grows
+to the largest shape and never shrinks) while short texts stay cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+DEFAULT_BUCKETS = (16, 32, 64, 128)
+
+
+def bucket_lengths(max_length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> tuple[int, ...]:
+    """Sorted bucket lengths below max_length, plus max_length itself as the last bucket."""
+    return tuple(sorted({b for b in buckets if 0 < b < max_length} | {max_length}))
+
+
+def bucket_for(length: int, buckets: Sequence[int]) -> int:
+    """Smallest bucket that holds `length` tokens (buckets sorted, last = max length)."""
+    for bucket in buckets:
+        if length <= bucket:
+            return bucket
+    return buckets[-1]
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One tokenized text: ids without padding, and whether truncation cut it."""
+
+    ids: tuple[int, ...]
+    truncated: bool
+
+
+class TextEncoder:
+    """A `tokenizers` tokenizer with truncation to the model's max length; padding done here."""
+
+    def __init__(self, tokenizer_path: Path, max_length: int, pad_id: int):
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(max_length=max_length)
+        self.max_length = max_length
+        self.pad_id = pad_id
+
+    def encode(self, texts: Sequence[str]) -> list[Encoded]:
+        """Tokenize a batch (Rust-side parallel batch encode)."""
+        encodings = self.tokenizer.encode_batch(list(texts))
+        return [Encoded(tuple(e.ids), bool(e.overflowing)) for e in encodings]
+
+
+def pad_batch(items: Sequence[Encoded], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """input_ids and attention_mask (int64 [batch, length]) for items no longer than `length`."""
+    input_ids = np.full((len(items), length), pad_id, dtype=np.int64)
+    attention_mask = np.zeros((len(items), length), dtype=np.int64)
+    for row, item in enumerate(items):
+        n = len(item.ids)
+        input_ids[row, :n] = item.ids
+        attention_mask[row, :n] = 1
+    return input_ids, attention_mask

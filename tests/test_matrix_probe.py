@@ -1,0 +1,113 @@
+"""The emulation harness really emulates, also for a frozen (PyInstaller) program.
+
+A throwaway onedir binary prints the CPU flags it sees (CPUID on x86). Run under each emulated
+x86 model through tests/emulation.py, the flags must be the model's, not the host's — proof that
+the bootloader's re-exec no longer escapes qemu. The binary is cached by source hash in
+~/.cache/decide/matrix-probe (PyInstaller takes ~30 s on 2 cores).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import emulation
+
+PROBE_SOURCE = '''\
+"""Print the CPU flags this process sees, as JSON (CPUID on x86, getauxval on arm64)."""
+import ctypes, json, platform
+machine = platform.machine()
+if machine == "x86_64":
+    from cpuinfo import cpuinfo
+    cpuid = cpuinfo.CPUID(cpuinfo.Trace(False, False))
+    flags = sorted(cpuid.get_flags(cpuid.get_max_extension_support()))
+else:
+    getauxval = ctypes.CDLL(None).getauxval
+    getauxval.restype, getauxval.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
+    flags = [hex(getauxval(16)), hex(getauxval(26))]
+print(json.dumps({"machine": machine, "flags": flags}))
+'''
+
+CACHE = Path.home() / ".cache" / "decide" / "matrix-probe"
+
+# What each model must show (present) and must not show (absent): the steps between tiers.
+X86_EXPECTED: dict[str, tuple[set[str], set[str]]] = {
+    "Conroe": ({"sse2", "ssse3"}, {"sse4_1", "sse4_2", "popcnt", "avx"}),
+    "Penryn": ({"ssse3", "sse4_1"}, {"sse4_2", "popcnt", "avx"}),
+    "Nehalem": ({"sse4_2", "popcnt"}, {"avx", "avx2"}),
+    "SandyBridge": ({"sse4_2", "avx"}, {"avx2", "fma"}),
+    "Haswell": ({"avx", "avx2", "fma"}, {"avx512f", "avx512vnni"}),
+    "max": ({"avx2", "fma"}, set()),
+}
+
+
+def build_probe_binary() -> Path:
+    """Freeze PROBE_SOURCE with PyInstaller (onedir) once per source version; return the binary."""
+    digest = hashlib.sha256(PROBE_SOURCE.encode()).hexdigest()[:12]
+    work = CACHE / digest
+    binary = work / "dist" / "cpuprobe" / "cpuprobe"
+    if binary.is_file():
+        return binary
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    (work / "cpuprobe.py").write_text(PROBE_SOURCE)
+    cmd = [sys.executable, "-m", "PyInstaller", "--onedir", "--noconfirm", "--log-level=WARN",
+           "--distpath", "dist", "--workpath", "build", "--specpath", ".", "cpuprobe.py"]
+    done = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"PyInstaller failed:\n{done.stderr[-3000:]}")
+    return binary
+
+
+@pytest.fixture(scope="module")
+def probe_binary() -> Path:
+    """The frozen probe (x86_64), or skip when PyInstaller or emulation is not available."""
+    pytest.importorskip("PyInstaller")
+    try:
+        emulation.ensure_qemu()
+    except emulation.EmulationUnavailable as exc:
+        pytest.skip(str(exc))
+    binary = build_probe_binary()
+    info = emulation.read_elf_info(binary)
+    assert info is not None and info.elf_type == emulation.ET_EXEC, "bootloader must be ET_EXEC"
+    return binary
+
+
+def run_probe(binary: Path, cpu: str) -> dict:
+    """Run the frozen probe on an emulated x86 CPU and parse its JSON line."""
+    done = emulation.run_emulated([str(binary)], "x86_64", cpu, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("model", list(X86_EXPECTED))
+def test_frozen_probe_sees_the_emulated_x86_model(probe_binary: Path, model: str) -> None:
+    present, absent = X86_EXPECTED[model]
+    seen = set(run_probe(probe_binary, emulation.X86_CPU_MODELS[model])["flags"])
+    assert present <= seen, f"{model}: missing {present - seen}"
+    assert not (absent & seen), f"{model}: has {absent & seen}, so it ran on the host CPU"
+
+
+def test_each_x86_model_gives_different_flags(probe_binary: Path) -> None:
+    seen = {m: frozenset(run_probe(probe_binary, m)["flags"]) for m in ("Penryn", "Nehalem")}
+    assert seen["Penryn"] < seen["Nehalem"]
+
+
+def test_plain_qemu_alone_is_escaped_by_the_bootloader(probe_binary: Path) -> None:
+    """Why the harness exists: under `qemu-x86_64 -cpu Conroe ./binary` the bootloader's
+    re-exec runs natively, so the program reports the host's flags instead of Conroe's."""
+    host = json.loads(subprocess.run([str(probe_binary)], capture_output=True, text=True,
+                                     check=True).stdout)["flags"]
+    if "sse4_2" not in host:
+        pytest.skip("host CPU is as old as Conroe: escape cannot be told apart")
+    done = subprocess.run(
+        [str(emulation.QEMU_BINARIES["x86_64"]), "-cpu", "Conroe", str(probe_binary)],
+        capture_output=True, text=True, timeout=300, check=True,
+    )
+    assert json.loads(done.stdout.strip().splitlines()[-1])["flags"] == host

@@ -96,10 +96,10 @@ def drop_unusable_vector_flags(flags: set[str]) -> set[str]:
     """Remove AVX/AVX-512 flags the OS does not enable (XCR0), as the kernel does in /proc/cpuinfo.
 
     CPUID reports what the silicon has; AVX code still faults if the OS does not save the
-    registers. Without OSXSAVE there is no AVX at all; "os_avx"/"os_avx512" come from XGETBV.
+    registers. Without OSXSAVE there is no AVX at all; "xcr0", "os_avx", "os_avx512" come
+    from XGETBV.
     """
-    xgetbv_ran = bool(flags & {"os_avx", "os_avx512"}) or "osxsave" not in flags
-    if not xgetbv_ran:
+    if "osxsave" in flags and "xcr0" not in flags:
         return flags  # OSXSAVE set but XGETBV could not run: keep CPUID's word (MLAS re-checks)
     kept = set(flags)
     if "os_avx" not in flags:
@@ -135,6 +135,7 @@ def _x86_extra_flags(cpuid: object, flags: set[str]) -> set[str]:
                 b"\x0f\x01\xd0",  # xgetbv
                 b"\xC3",  # ret (eax)
             )
+            extra.add("xcr0")  # marks that XGETBV ran, so missing os_avx means "OS disabled"
             if xcr0 & 0b110 == 0b110:
                 extra.add("os_avx")
             if xcr0 & 0b11100110 == 0b11100110:

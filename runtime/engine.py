@@ -116,12 +116,12 @@ class Engine:
         start = time.perf_counter()
         for length in self.buckets:
             item = Encoded((self.encoder.pad_id,) * length, False)
-            self._run([item], length)
+            self.run_padded([item], length)
         self.warm_up_ms = (time.perf_counter() - start) * 1000
         return self.warm_up_ms
 
-    def _run(self, items: Sequence[Encoded], length: int) -> np.ndarray:
-        """Probabilities for items padded to `length`."""
+    def run_padded(self, items: Sequence[Encoded], length: int) -> np.ndarray:
+        """Probabilities [len(items), labels] for items padded to `length` (one session.run)."""
         input_ids, attention_mask = pad_batch(items, length, self.encoder.pad_id)
         feed = {"input_ids": input_ids, "attention_mask": attention_mask}
         (logits,) = self.session.run(["logits"], {k: v for k, v in feed.items() if k in self.input_names})
@@ -134,7 +134,7 @@ class Engine:
             [len(item.ids) for item in items], self.buckets, self.limits.max_batch, self.limits.max_batch_tokens
         )
         for batch in plan:
-            probs = self._run([items[i] for i in batch.indices], batch.length)
+            probs = self.run_padded([items[i] for i in batch.indices], batch.length)
             for row, index in enumerate(batch.indices):
                 best = int(np.argmax(probs[row]))
                 results[index] = Classification(

@@ -24,9 +24,12 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from runtime.protocol import LineTooLong, encode_line
-from runtime.service import Service
+
+if TYPE_CHECKING:  # the service imports numpy; stdio must be importable before the CPU check
+    from runtime.service import Service
 
 log = logging.getLogger("decide")
 
@@ -108,7 +111,7 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def serve(service: Service, wire: int, ready: bool = False, input_fd: int = 0,
+def serve(service: "Service", wire: int, ready: bool = False, input_fd: int = 0,
           max_batch_lines: int = MAX_BATCH_LINES) -> int:
     """Serve until EOF or SIGTERM/SIGINT; returns the exit code (0)."""
     stop = threading.Event()

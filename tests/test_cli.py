@@ -1,0 +1,113 @@
+"""Command line: exit codes, info, overrides, refusal before numpy, bench output."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def decide(*args: str, env: dict | None = None, stdin: bytes = b"") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "runtime", *args], cwd=REPO, input=stdin, capture_output=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_cpu_below_x86_64_v2_is_refused_before_numpy_is_imported(tiny_package_dir):
+    code = ("import sys; from runtime.cli import main; rc = main(['--model', sys.argv[1]]); "
+            "sys.stderr.write(f'RESULT {rc} {\"numpy\" in sys.modules} {\"onnxruntime\" in sys.modules}')")
+    out = subprocess.run([sys.executable, "-c", code, str(tiny_package_dir)], cwd=REPO, capture_output=True,
+                         text=True, env={**os.environ, "DECIDE_FAKE_CPU": "x86_64:sse2,sse3,ssse3"}, timeout=60)
+    assert "RESULT 3 False False" in out.stderr
+    message = [line for line in out.stderr.splitlines() if line.startswith("decide:")]
+    assert len(message) == 1 and "sse4_2, popcnt" in message[0] and "x86-64-v2" in message[0]
+    assert out.stdout == ""
+
+
+def test_unsupported_cpu_exit_code_from_the_binary(tiny_package_dir):
+    result = decide("--model", str(tiny_package_dir), env={"DECIDE_FAKE_CPU": "x86_64:sse2"})
+    assert result.returncode == 3 and b"Traceback" not in result.stderr and result.stdout == b""
+
+
+def test_info_json_lists_every_tier_and_the_choice(tiny_package_dir):
+    result = decide("info", "--json", "--model", str(tiny_package_dir),
+                    env={"DECIDE_FAKE_CPU": "x86_64:sse4_2,popcnt,ssse3,avx,avx2,fma"})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [t["name"] for t in report["tiers"]][:3] == ["v2-sse4.2", "avx", "avx2"]
+    assert [t["pass"] for t in report["tiers"]] == [True, True, True, False, False, False]
+    assert report["choice"]["tier"] == "avx2" and report["choice"]["variant"] == "int8-u8u8"
+    assert report["model"]["variants"] == ["fp32", "int8-u8u8"]
+
+
+def test_info_text_shows_pass_fail_and_reasons(tiny_package_dir):
+    result = decide("info", "--model", str(tiny_package_dir), env={"DECIDE_FAKE_CPU": "aarch64:asimd"})
+    text = result.stdout.decode()
+    assert result.returncode == 0
+    assert "armv8.0" in text and "FAIL missing asimddp" in text
+    assert "choice: tier armv8.0, variant int8-u8u8" in text  # int8-u8s8 absent → fallback
+    assert "int8-u8s8 not in the package" in text
+
+
+def test_impossible_overrides_exit_2(tiny_package_dir):
+    result = decide("--model", str(tiny_package_dir), "--tier", "avx512-vnni",
+                    env={"DECIDE_FAKE_CPU": "x86_64:sse4_2,popcnt,ssse3,avx,avx2,fma"})
+    assert result.returncode == 2 and b"avx512vnni" in result.stderr
+    result = decide("--model", str(tiny_package_dir), env={"DECIDE_VARIANT": "int8-u8s8"})
+    assert result.returncode == 2 and b"not in the model package" in result.stderr
+    assert decide("--no-such-flag").returncode == 2
+
+
+def test_overrides_choose_what_serves(tiny_package_dir):
+    result = decide("--model", str(tiny_package_dir), "--variant", "fp32", stdin=b'{"text": "rain"}\n')
+    assert json.loads(result.stdout)["variant"] == "fp32"
+    result = decide("--model", str(tiny_package_dir), env={"DECIDE_TIER": "avx"}, stdin=b'{"text": "rain"}\n')
+    assert json.loads(result.stdout)["variant"] == "fp32"  # the avx tier prefers fp32
+
+
+def test_missing_model_exits_4(tmp_path):
+    result = decide("--model", str(tmp_path / "nowhere"))
+    assert result.returncode == 4 and b"manifest.json missing" in result.stderr
+    result = decide(env={"DECIDE_MODEL": str(tmp_path / "nowhere")})
+    assert result.returncode == 4
+
+
+def test_checksum_mismatch_exits_4_naming_the_file(tiny_package_dir, tmp_path):
+    copy = shutil.copytree(tiny_package_dir, tmp_path / "pkg")
+    tokenizer = copy / "tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text().replace('"rain"', '"RAIN"'))
+    result = decide("--model", str(copy), stdin=b'{"text": "rain"}\n')
+    assert result.returncode == 4 and result.stdout == b""
+    assert b"tokenizer.json" in result.stderr and b"Traceback" not in result.stderr
+
+
+def test_selftest_passes_on_every_variant(tiny_package_dir):
+    result = decide("selftest", "--all-variants", "--json", "--model", str(tiny_package_dir))
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert [(r["variant"], r["passed"]) for r in report["results"]] == [("fp32", True), ("int8-u8u8", True)]
+
+
+def test_selftest_failure_exits_5(tiny_package_dir, tmp_path):
+    from runtime.package import file_entry, load_package, write_manifest
+    import dataclasses
+
+    copy = shutil.copytree(tiny_package_dir, tmp_path / "pkg")
+    golden = copy / "golden.jsonl"
+    golden.write_text(golden.read_text().replace('"label": "tech"', '"label": "sports"', 1))
+    manifest = load_package(copy).manifest
+    write_manifest(copy, dataclasses.replace(manifest, golden=file_entry(copy, "golden.jsonl")))
+    result = decide("selftest", "--model", str(copy))
+    assert result.returncode == 5
+    assert b"FAIL" in result.stdout and b"expected sports" in result.stdout
+
+
+def test_bench_json_has_every_batch_size_and_the_fixed_padding_rows(tiny_package_dir):
+    result = decide("bench", "--json", "--seconds", "0.05", "--batch-sizes", "1,4", "--model", str(tiny_package_dir))
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)["rows"]
+    assert [(r["texts"], r["batch"]) for r in rows] == [
+        ("short", 1), ("short", 4), ("long", 1), ("long", 4), ("short, fixed pad 24", 1), ("short, fixed pad 24", 4)]
+    assert all(r["p50_ms"] <= r["p95_ms"] <= r["p99_ms"] and r["items_per_s"] > 0 for r in rows)

@@ -1,0 +1,152 @@
+"""The stdio transport on a real subprocess: EOF, read-ahead order, SIGTERM/SIGINT, EPIPE,
+interactive flushing, stdout purity, UTF-8 under a C locale; plus the line splitter."""
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime.protocol import LineTooLong
+from runtime.stdio import split_lines
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def start(model: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "runtime", "--model", str(model), *args],
+        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def read_line(proc: subprocess.Popen, timeout: float = 30.0) -> bytes:
+    """One stdout line, failing (not hanging) if the server does not flush it."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, "no response line within the timeout (not flushed?)"
+    return proc.stdout.readline()
+
+
+def test_split_lines_across_chunk_boundaries():
+    chunks = [b'{"a"', b": 1}\n{", b'"b": 2}\r\n\n', b"tail"]
+    assert list(split_lines(iter(chunks), max_line_bytes=100)) == [b'{"a": 1}', b'{"b": 2}', b"", b"tail"]
+
+
+def test_split_lines_reports_overlong_lines_without_keeping_them():
+    chunks = [b"short\n", b"x" * 30, b"x" * 30 + b"\nok\n", b"y" * 50]
+    assert list(split_lines(iter(chunks), max_line_bytes=40)) == [
+        b"short", LineTooLong(60), b"ok", LineTooLong(50)]
+
+
+def test_eof_answers_everything_and_exits_0(tiny_package_dir):
+    proc = start(tiny_package_dir)
+    lines = [b'{"id": 1, "text": "rain"}', b'{"id": 2, "text": "goal"}', b'{"id": 3, "text": "server"}']
+    out, err = proc.communicate(b"\n".join(lines), timeout=60)  # last line without newline
+    assert proc.returncode == 0, err
+    responses = [json.loads(line) for line in out.decode("utf-8").splitlines()]
+    assert [(r["id"], r["label"]) for r in responses] == [(1, "weather"), (2, "sports"), (3, "tech")]
+
+
+def test_bulk_input_is_batched_in_order_with_ids(tiny_package_dir):
+    words = ["rain", "goal", "server", "{broken", "sun and snow"]
+    lines = []
+    for i in range(600):
+        word = words[i % len(words)]
+        lines.append(word.encode() if word.startswith("{") else json.dumps({"id": i, "text": word}).encode())
+    lines.append(b'{"id": "stats", "op": "stats"}')
+    proc = start(tiny_package_dir)
+    out, err = proc.communicate(b"\n".join(lines) + b"\n", timeout=120)
+    assert proc.returncode == 0, err
+    responses = [json.loads(line) for line in out.splitlines()]
+    assert len(responses) == len(lines)
+    for i, response in enumerate(responses[:-1]):
+        if i % 5 == 3:
+            assert response == {"id": None, "error": response["error"]} and response["error"]["code"] == "invalid_json"
+        else:
+            assert response["id"] == i
+            assert response["label"] == ["weather", "sports", "tech", None, "weather"][i % 5]
+    stats = responses[-1]
+    assert stats["texts"] == 480
+    assert stats["engine_calls"] < 240, "read-ahead should answer many lines per engine call"
+
+
+def test_interactive_lines_are_answered_one_by_one(tiny_package_dir):
+    proc = start(tiny_package_dir, "--ready")
+    try:
+        ready = json.loads(read_line(proc))
+        assert ready["event"] == "ready" and ready["model"]["name"] == "tiny-keywords"
+        assert ready["limits"]["max_line_bytes"] == 1 << 20
+        for i, word in enumerate(["rain", "goal", "server"]):
+            proc.stdin.write(json.dumps({"id": i, "text": word}).encode() + b"\n")
+            proc.stdin.flush()
+            assert json.loads(read_line(proc))["id"] == i  # answered before the next line is sent
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_finishes_and_exits_0(tiny_package_dir, signum):
+    proc = start(tiny_package_dir, "--ready")
+    read_line(proc)
+    proc.stdin.write(b'{"id": 1, "text": "rain"}\n')
+    proc.stdin.flush()
+    assert json.loads(read_line(proc))["label"] == "weather"
+    proc.send_signal(signum)
+    proc.wait(timeout=30)  # stdin still open: the signal alone must end it
+    err = proc.stderr.read().decode()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+
+
+def test_reader_closing_stdout_exits_quietly(tiny_package_dir):
+    proc = start(tiny_package_dir, "--ready")
+    read_line(proc)
+    proc.stdout.close()  # the reader goes away
+    try:
+        for i in range(200):
+            proc.stdin.write(json.dumps({"id": i, "text": "rain"}).encode() + b"\n")
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass  # the server may already have left
+    proc.wait(timeout=30)
+    err = proc.stderr.read().decode()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_overlong_line_is_an_error_and_serving_continues(tiny_package_dir):
+    proc = start(tiny_package_dir, "--max-line-bytes", "200")
+    big = json.dumps({"id": "big", "text": "rain " * 1000}).encode()
+    out, err = proc.communicate(big + b"\n" + b'{"id": "after", "text": "goal"}\n', timeout=60)
+    first, second = [json.loads(line) for line in out.splitlines()]
+    assert first["error"]["code"] == "line_too_long"
+    assert second["id"] == "after" and second["label"] == "sports"
+
+
+def test_utf8_regardless_of_locale(tiny_package_dir):
+    proc = start(tiny_package_dir, env={"LC_ALL": "C", "LANG": "C", "PYTHONIOENCODING": "",
+                                        "PYTHONUTF8": "0"})
+    request = '{"id": "雨-1", "text": "雨"}\n{"id": "latin", "text": "\xff"}\n'.encode("utf-8")
+    out, err = proc.communicate(request + b'{"id": 2, "text": "\xc3"}\n', timeout=60)
+    lines = out.splitlines()
+    assert proc.returncode == 0, err
+    first = json.loads(lines[0].decode("utf-8"))
+    assert first["id"] == "雨-1" and first["label"] == "weather"
+    assert "雨".encode("utf-8") in lines[0]  # raw UTF-8 on the wire, not \u escapes
+    assert json.loads(lines[2])["error"]["code"] == "invalid_utf8"
+
+
+def test_stray_prints_cannot_reach_the_wire():
+    code = ("import os; from runtime.stdio import protect_stdout, write_all; w = protect_stdout(); "
+            "print('stray print'); os.write(1, b'stray fd write\\n'); write_all(w, b'wire\\n')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, timeout=30)
+    assert out.stdout == b"wire\n"
+    assert b"stray print" in out.stderr and b"stray fd write" in out.stderr

@@ -1,0 +1,110 @@
+"""Tier choice for a table of fake CPUs, variant fallback, and overrides."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime.cpu import CpuFeatures
+from runtime.tiers import CpuUnsupported, NoUsableVariant, OverrideError, load_platform, select
+
+PLATFORMS = Path(__file__).resolve().parent.parent / "platforms"
+ALL_VARIANTS = ("fp32", "int8-u8u8", "int8-u8s8")
+
+V2 = {"sse2", "ssse3", "sse4_1", "sse4_2", "popcnt"}
+AVX = V2 | {"avx", "os_avx", "osxsave"}
+AVX2 = AVX | {"avx2", "fma", "f16c"}
+AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "os_avx512"}
+
+
+def cpu(arch: str, flags: set[str]) -> CpuFeatures:
+    return CpuFeatures(arch, frozenset(flags), 4, "fake")
+
+
+@pytest.mark.parametrize(
+    "arch, flags, tier, variant",
+    [
+        ("x86_64", V2, "v2-sse4.2", "fp32"),  # no AVX (Nehalem)
+        ("x86_64", AVX, "avx", "fp32"),  # Sandy Bridge
+        ("x86_64", AVX2, "avx2", "int8-u8u8"),  # Haswell: u8s8 would saturate
+        ("x86_64", AVX512, "avx512", "int8-u8u8"),  # Skylake-X
+        ("x86_64", AVX2 | {"avx_vnni"}, "avx-vnni", "int8-u8s8"),  # Alder Lake
+        ("x86_64", AVX512 | {"avx512vnni"}, "avx512-vnni", "int8-u8s8"),  # Cascade Lake
+        ("aarch64", {"fp", "asimd"}, "armv8.0", "int8-u8s8"),  # Cortex-A53
+        ("aarch64", {"fp", "asimd", "asimddp"}, "dotprod", "int8-u8s8"),  # Neoverse-N1
+        ("aarch64", {"fp", "asimd", "asimddp", "i8mm", "sve"}, "i8mm", "int8-u8s8"),  # Neoverse-V1
+    ],
+)
+def test_fake_cpu_gets_expected_tier_and_variant(arch, flags, tier, variant):
+    choice = select(cpu(arch, flags), load_platform(PLATFORMS, arch), ALL_VARIANTS)
+    assert (choice.tier.name, choice.variant) == (tier, variant)
+    assert [c.tier.name for c in choice.checks if c.passed][-1] == tier
+
+
+def test_x86_below_v2_is_refused_naming_missing_flags():
+    with pytest.raises(CpuUnsupported, match="sse4_2, popcnt"):
+        select(cpu("x86_64", {"sse2", "sse3", "ssse3"}), load_platform(PLATFORMS, "x86_64"), ALL_VARIANTS)
+
+
+def test_arm_without_neon_is_refused():
+    with pytest.raises(CpuUnsupported, match="asimd"):
+        select(cpu("aarch64", {"fp"}), load_platform(PLATFORMS, "aarch64"), ALL_VARIANTS)
+
+
+def test_unknown_architecture_is_refused():
+    with pytest.raises(CpuUnsupported, match="riscv64"):
+        load_platform(PLATFORMS, "riscv64")
+
+
+def test_missing_variant_falls_back_along_preference_list():
+    choice = select(cpu("x86_64", AVX512 | {"avx512vnni"}), load_platform(PLATFORMS, "x86_64"), ("fp32", "int8-u8u8"))
+    assert choice.variant == "int8-u8u8"
+    assert any("int8-u8s8 not in the package" in r for r in choice.reasons)
+    choice = select(cpu("x86_64", AVX2), load_platform(PLATFORMS, "x86_64"), ("fp32",))
+    assert choice.variant == "fp32"
+
+
+def test_package_without_any_usable_variant_is_an_error():
+    with pytest.raises(NoUsableVariant):
+        select(cpu("x86_64", AVX2), load_platform(PLATFORMS, "x86_64"), ("bf16",))
+
+
+def test_tier_override_to_lower_tier_is_honoured():
+    choice = select(cpu("x86_64", AVX2), load_platform(PLATFORMS, "x86_64"), ALL_VARIANTS, tier_override="avx")
+    assert (choice.tier.name, choice.variant) == ("avx", "fp32")
+    assert "forced" in choice.reasons[0]
+
+
+def test_tier_override_beyond_cpu_is_refused():
+    with pytest.raises(OverrideError, match="avx512f"):
+        select(cpu("x86_64", AVX2), load_platform(PLATFORMS, "x86_64"), ALL_VARIANTS, tier_override="avx512")
+
+
+def test_unknown_tier_override_is_refused():
+    with pytest.raises(OverrideError, match="unknown tier"):
+        select(cpu("x86_64", AVX2), load_platform(PLATFORMS, "x86_64"), ALL_VARIANTS, tier_override="sse9")
+
+
+def test_variant_override():
+    choice = select(cpu("x86_64", AVX2), load_platform(PLATFORMS, "x86_64"), ALL_VARIANTS, variant_override="fp32")
+    assert choice.variant == "fp32"
+    with pytest.raises(OverrideError, match="not in the model package"):
+        select(cpu("x86_64", AVX2), load_platform(PLATFORMS, "x86_64"), ("fp32",), variant_override="int8-u8s8")
+
+
+def test_no_package_chooses_tier_only():
+    choice = select(cpu("aarch64", {"asimd", "asimddp"}), load_platform(PLATFORMS, "aarch64"), None)
+    assert choice.tier.name == "dotprod" and choice.variant is None
+
+
+@pytest.mark.parametrize("path", sorted(PLATFORMS.glob("*.json")), ids=lambda p: p.name)
+def test_platform_files_are_consistent(path):
+    data = json.loads(path.read_text())
+    assert data["arch"] == path.stem
+    platform = load_platform(PLATFORMS, path.stem)
+    for tier in platform.tiers:
+        assert set(tier.variants) <= set(ALL_VARIANTS)
+        assert tier.ort["graph_optimization_level"] != "all"  # ALL ties the graph to one CPU
+    # Baseline first: each tier's requirements include the baseline's.
+    baseline = set(platform.tiers[0].requires)
+    assert all(baseline <= set(t.requires) for t in platform.tiers)

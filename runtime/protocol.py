@@ -26,9 +26,10 @@ LINE_TOO_LONG = "line_too_long"
 TOO_MANY_TEXTS = "too_many_texts"
 UNKNOWN_OP = "unknown_op"
 INTERNAL_ERROR = "internal_error"  # the model failed on this request; the process keeps serving
+BUSY = "busy"  # socket server: request queue or connection limit full; retry later (nothing was run)
 ERROR_CODES = (
     INVALID_UTF8, INVALID_JSON, INVALID_REQUEST, MISSING_TEXT, EMPTY_TEXT,
-    LINE_TOO_LONG, TOO_MANY_TEXTS, UNKNOWN_OP, INTERNAL_ERROR,
+    LINE_TOO_LONG, TOO_MANY_TEXTS, UNKNOWN_OP, INTERNAL_ERROR, BUSY,
 )
 CONTROL_OPS = ("health", "info", "stats")
 

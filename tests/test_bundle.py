@@ -1,0 +1,255 @@
+"""The shipped bundle, end to end: build.py's zip, unzipped and moved, driven like a user would.
+
+The session fixture builds the zip once with `python3 build.py` (or reuses dist/ when its build
+manifest was made from the same inputs), then every test runs the real frozen binary as a
+subprocess. Needs root (debootstrap, chroot); skipped with the reason where that is impossible.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL_NAME = "topics-multilingual"
+EXIT_OK, EXIT_CPU_UNSUPPORTED, EXIT_PACKAGE = 0, 3, 4  # bundle_spec/README.box.md
+
+
+def _load_build_module():
+    """build.py is a script, not a package module: load it by path (registered for dataclasses)."""
+    if "decide_build" in sys.modules:
+        return sys.modules["decide_build"]
+    spec = importlib.util.spec_from_file_location("decide_build", REPO / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["decide_build"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+build = _load_build_module()
+
+pytestmark = [
+    pytest.mark.skipif(platform.machine() != "x86_64", reason="the bundle is built for x86_64 only so far"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="building the bundle needs root (debootstrap, chroot)"),
+    pytest.mark.skipif(shutil.which("debootstrap") is None and shutil.which("apt-get") is None,
+                       reason="no debootstrap and no apt-get to install it"),
+]
+
+
+@pytest.fixture(scope="session")
+def built() -> dict:
+    """The build manifest of dist/decide-<ver>-linux-x86_64.zip, building it if it is stale."""
+    if not (REPO / "models" / MODEL_NAME / "manifest.json").is_file():
+        pytest.skip(f"models/{MODEL_NAME} is not built yet (the bundle embeds it)")
+    manifest_path = REPO / "dist" / f"decide-{build.VERSION}-linux-x86_64.json"
+    if manifest_path.is_file():
+        manifest = json.loads(manifest_path.read_text())
+        zip_path = REPO / "dist" / manifest["zip"]
+        if (manifest["inputs_digest"] == build.inputs_digest() and zip_path.is_file()
+                and build.sha256_of(zip_path) == manifest["zip_sha256"]):
+            return manifest
+    log = REPO / "build" / "test-build.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w", encoding="utf-8") as out:
+        done = subprocess.run([sys.executable, "build.py"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    assert done.returncode == 0, f"build.py failed:\n{log.read_text()[-4000:]}"
+    return json.loads(manifest_path.read_text())
+
+
+@pytest.fixture(scope="session")
+def bundle(built: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The zip unpacked with `unzip`, then moved as a whole to another directory."""
+    unpacked = tmp_path_factory.mktemp("unzipped")
+    zip_path = REPO / "dist" / built["zip"]
+    if shutil.which("unzip"):
+        subprocess.run(["unzip", "-q", str(zip_path), "-d", str(unpacked)], check=True)
+    else:
+        extract_with_symlinks(zip_path, unpacked)
+    moved = tmp_path_factory.mktemp("moved") / "somewhere" / "else"
+    moved.parent.mkdir(parents=True)
+    shutil.move(unpacked / "decide", moved)
+    return moved
+
+
+def extract_with_symlinks(zip_path: Path, target: Path) -> None:
+    """What `unzip` does for this zip: files with their mode bits, symlinks as symlinks."""
+    with zipfile.ZipFile(zip_path) as archive:
+        for info in archive.infolist():
+            mode = info.external_attr >> 16
+            path = target / info.filename
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if (mode & 0o170000) == 0o120000:
+                os.symlink(archive.read(info).decode(), path)
+            elif not info.is_dir():
+                path.write_bytes(archive.read(info))
+                os.chmod(path, mode & 0o777 or 0o644)
+
+
+def run_decide(bundle: Path, *args: str, stdin: str = "", cwd: Path | None = None,
+               timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the frozen binary like a user: from another working directory, text in, text out."""
+    return subprocess.run([str(bundle / "decide"), *args], input=stdin, capture_output=True, text=True,
+                          cwd=cwd or bundle.parent, timeout=timeout)
+
+
+def golden_examples(bundle: Path) -> list[dict]:
+    """The model's golden examples, read from the bundled package."""
+    lines = (bundle / "models" / MODEL_NAME / "golden.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def test_zip_is_small_and_carries_fp32_and_int8(built: dict) -> None:
+    zip_path = REPO / "dist" / built["zip"]
+    assert zip_path.stat().st_size < 100_000_000
+    assert built["zip_bytes"] == zip_path.stat().st_size
+    checksum_line = (REPO / "dist" / f"{built['zip']}.sha256").read_text()
+    assert checksum_line.split()[0] == build.sha256_of(zip_path)
+    precisions = {v["precision"] for v in built["model"]["variants"].values()}
+    assert {"fp32", "int8"} <= precisions
+    with zipfile.ZipFile(zip_path) as archive:
+        names = set(archive.namelist())
+    for variant in built["model"]["variants"].values():
+        assert f"decide/models/{MODEL_NAME}/{variant['file']}" in names
+    for required in ("decide/decide", "decide/README.md", "decide/licenses/README.txt",
+                     "decide/platforms/x86_64.json", f"decide/models/{MODEL_NAME}/manifest.json"):
+        assert required in names
+
+
+def test_symlinks_survive_the_zip(built: dict, bundle: Path) -> None:
+    staged = REPO / "build" / "x86_64" / "decide"
+    links_in_build = {p.relative_to(staged) for p in staged.rglob("*") if p.is_symlink()}
+    links_unpacked = {p.relative_to(bundle) for p in bundle.rglob("*") if p.is_symlink()}
+    assert links_unpacked == links_in_build
+    assert all((bundle / link).exists() for link in links_unpacked)  # none dangling
+
+
+def test_glibc_floor_is_measured_and_within_limit(built: dict, bundle: Path) -> None:
+    floor = build.glibc_floor(bundle)
+    assert floor["elf_files"] > 10
+    assert floor["glibc"] == built["glibc_floor"]["glibc"]
+    assert build.version_tuple(floor["glibc"]) <= build.version_tuple(build.DEFAULT_MAX_GLIBC)
+
+
+def test_moved_bundle_answers_json_lines(bundle: Path) -> None:
+    examples = golden_examples(bundle)[:6]
+    labels = json.loads((bundle / "models" / MODEL_NAME / "manifest.json").read_text())["labels"]
+    requests = [{"id": i, "text": ex["text"]} for i, ex in enumerate(examples)]
+    requests.append({"id": "batch", "texts": [ex["text"] for ex in examples[:3]]})
+    lines = [json.dumps(r, ensure_ascii=False) for r in requests]
+    lines.insert(2, "{not json")
+    lines.append(json.dumps({"id": "h", "op": "health"}))
+
+    done = run_decide(bundle, stdin="\n".join(lines) + "\n")
+
+    assert done.returncode == EXIT_OK, done.stderr
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(answers) == len(lines)
+    assert answers[2]["error"]["code"] == "invalid_json"
+    singles = [a for a in answers if isinstance(a.get("id"), int)]
+    assert [a["id"] for a in singles] == list(range(len(examples)))
+    for answer, example in zip(singles, examples):
+        assert answer["label"] in labels
+        assert abs(sum(answer["scores"].values()) - 1.0) < 1e-3
+        assert answer["scores"][answer["label"]] == max(answer["scores"].values())
+        reference = dict(zip(labels, example["probs"]))
+        assert max(abs(answer["scores"][name] - reference[name]) for name in labels) < 0.05
+    batch = next(a for a in answers if a.get("id") == "batch")
+    assert [r["label"] for r in batch["results"]] == [a["label"] for a in singles[:3]]
+    assert answers[-1] == {"id": "h", "op": "health", "status": "ok"}
+
+
+def test_selftest_passes_in_the_moved_bundle(bundle: Path) -> None:
+    done = run_decide(bundle, "selftest")
+    assert done.returncode == EXIT_OK, done.stdout + done.stderr
+
+
+def tampered_model(bundle: Path, tmp_path: Path) -> Path:
+    """A copy of the bundled model package that the test may break."""
+    copy = tmp_path / MODEL_NAME
+    shutil.copytree(bundle / "models" / MODEL_NAME, copy)
+    return copy
+
+
+def test_refuses_a_model_file_with_a_bad_checksum(bundle: Path, tmp_path: Path) -> None:
+    model = tampered_model(bundle, tmp_path)
+    tokenizer = model / "tokenizer.json"
+    data = bytearray(tokenizer.read_bytes())
+    data[-2] = ord(" ") if data[-2] != ord(" ") else ord("\n")  # same size, other content
+    tokenizer.write_bytes(bytes(data))
+
+    done = run_decide(bundle, "--model", str(model), stdin='{"id": 1, "text": "hello"}\n')
+
+    assert done.returncode == EXIT_PACKAGE
+    assert done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "checksum" in done.stderr or "sha256" in done.stderr
+
+
+def test_refuses_a_missing_model_file(bundle: Path, tmp_path: Path) -> None:
+    model = tampered_model(bundle, tmp_path)
+    (model / "tokenizer.json").unlink()
+
+    done = run_decide(bundle, "--model", str(model), stdin='{"id": 1, "text": "hello"}\n')
+
+    assert done.returncode == EXIT_PACKAGE
+    assert done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "tokenizer.json" in done.stderr
+
+
+def test_refuses_a_cpu_below_x86_64_v2(bundle: Path) -> None:
+    sys.path.insert(0, str(REPO / "tests"))
+    import emulation
+
+    try:
+        emulation.ensure_qemu()
+        done = emulation.run_emulated([str(bundle / "decide"), "info"], "x86_64", "Penryn",
+                                      input="", timeout=600)
+    except emulation.EmulationUnavailable as exc:
+        pytest.skip(f"cannot emulate an old CPU here: {exc}")
+    assert done.returncode == EXIT_CPU_UNSUPPORTED, done.stderr
+    assert done.returncode != emulation.SIGILL_EXIT
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="session")
+def clean_bullseye() -> Path:
+    """A minimal Debian 11 root (glibc 2.31) without any build tools, cached between runs."""
+    root = build.BuildRoot(build.DEFAULT_CACHE / "x86_64" / "clean-bullseye", build.ARCHES["x86_64"])
+    try:
+        build.ensure_clean_root(root, build.host_debian_mirrors()[0], REPO / "build" / "test-root.log")
+    except (build.BuildError, build.Refused) as exc:
+        pytest.skip(f"cannot debootstrap a Debian 11 root here: {exc}")
+    return root.path
+
+
+def test_runs_in_a_clean_debian_11_root(bundle: Path, clean_bullseye: Path) -> None:
+    root = build.BuildRoot(clean_bullseye, build.ARCHES["x86_64"])
+    inside = clean_bullseye / "opt" / "decide"
+    shutil.rmtree(inside, ignore_errors=True)
+    shutil.copytree(bundle, inside, symlinks=True)
+    example = golden_examples(bundle)[0]
+    try:
+        with root.mounted():
+            selftest = subprocess.run(["chroot", str(clean_bullseye), "/opt/decide/decide", "selftest"],
+                                      capture_output=True, text=True, env=build.CHROOT_ENV, timeout=300)
+            answer = subprocess.run(["chroot", str(clean_bullseye), "/opt/decide/decide"],
+                                    input=json.dumps({"id": 7, "text": example["text"]}) + "\n",
+                                    capture_output=True, text=True, env=build.CHROOT_ENV, timeout=300)
+    finally:
+        shutil.rmtree(inside, ignore_errors=True)
+    glibc = (clean_bullseye / "usr" / "lib" / "x86_64-linux-gnu").glob("libc-2.*.so")
+    assert [p.name for p in glibc] == ["libc-2.31.so"]  # really the old glibc
+    assert selftest.returncode == EXIT_OK, selftest.stdout + selftest.stderr
+    assert answer.returncode == EXIT_OK, answer.stderr
+    reply = json.loads(answer.stdout)
+    assert reply["id"] == 7 and "label" in reply

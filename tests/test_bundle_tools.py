@@ -1,0 +1,143 @@
+"""build.py's own logic, without building: ELF version reading, zip symlinks, pins, mirrors."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _load_build_module():
+    """build.py is a script, not a package module: load it by path (registered for dataclasses)."""
+    if "decide_build" in sys.modules:
+        return sys.modules["decide_build"]
+    spec = importlib.util.spec_from_file_location("decide_build", REPO / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["decide_build"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+build = _load_build_module()
+
+
+def onnxruntime_extension() -> Path:
+    """The onnxruntime binary extension of this environment (a real manylinux_2_28 ELF)."""
+    import onnxruntime
+
+    return next(Path(onnxruntime.__file__).parent.glob("capi/onnxruntime_pybind11_state*.so"))
+
+
+@pytest.mark.skipif(shutil.which("readelf") is None, reason="readelf (binutils) not installed")
+def test_elf_versions_match_readelf() -> None:
+    library = onnxruntime_extension()
+    listing = subprocess.run(["readelf", "-V", "--wide", str(library)], capture_output=True,
+                             text=True, check=True).stdout
+    needed_section = listing.split(".gnu.version_r", 1)[1]
+    assert build.elf_needed_versions(library) == set(re.findall(r"Name: (\S+)", needed_section))
+
+
+def test_glibc_floor_of_the_onnxruntime_wheel_is_its_manylinux_tag(tmp_path: Path) -> None:
+    shutil.copy(onnxruntime_extension(), tmp_path / "ort.so")
+    (tmp_path / "notes.txt").write_text("not an ELF file")
+    (tmp_path / "link.so").symlink_to("ort.so")  # counted once, through its target
+
+    floor = build.glibc_floor(tmp_path)
+
+    assert floor["elf_files"] == 1
+    assert build.version_tuple("2.17") <= build.version_tuple(floor["glibc"]) <= build.version_tuple("2.28")
+    assert floor["set_by"]["glibc"] == "ort.so"
+    assert "glibcxx" in floor
+
+
+def test_zip_keeps_symlinks_and_modes(tmp_path: Path) -> None:
+    app = tmp_path / "stage" / "decide"
+    (app / "_internal" / "pkg").mkdir(parents=True)
+    (app / "_internal" / "pkg" / "libreal.so").write_bytes(b"\x7fELF" + os.urandom(64))
+    (app / "_internal" / "libreal.so").symlink_to("pkg/libreal.so")
+    (app / "decide").write_text("#!/bin/sh\necho hi\n")
+    (app / "decide").chmod(0o755)
+    zip_path = tmp_path / "out.zip"
+
+    build.write_zip(app, zip_path)
+
+    target = tmp_path / "unzipped"
+    if shutil.which("unzip"):
+        subprocess.run(["unzip", "-q", str(zip_path), "-d", str(target)], check=True)
+    else:
+        sys.path.insert(0, str(REPO / "tests"))
+        from test_bundle import extract_with_symlinks
+
+        extract_with_symlinks(zip_path, target)
+    link = target / "decide" / "_internal" / "libreal.so"
+    assert link.is_symlink() and os.readlink(link) == "pkg/libreal.so"
+    assert link.read_bytes() == (app / "_internal" / "pkg" / "libreal.so").read_bytes()
+    assert os.access(target / "decide" / "decide", os.X_OK)
+
+
+def test_pins_follow_includes_and_reject_ranges(tmp_path: Path) -> None:
+    (tmp_path / "base.txt").write_text("# runtime\nnumpy==2.4.6  # why\n")
+    (tmp_path / "build.txt").write_text("-r base.txt\npyinstaller==6.22.3\n")
+    assert build.read_pins(tmp_path / "build.txt") == {"numpy": "2.4.6", "pyinstaller": "6.22.3"}
+    (tmp_path / "loose.txt").write_text("numpy>=2\n")
+    with pytest.raises(build.BuildError, match="not pinned"):
+        build.read_pins(tmp_path / "loose.txt")
+
+
+def test_build_pins_cover_the_runtime_pins() -> None:
+    runtime_pins = build.read_pins(REPO / "requirements.txt")
+    build_pins = build.read_pins(REPO / "requirements-build.txt")
+    assert runtime_pins.items() <= build_pins.items()
+    assert "pyinstaller" in build_pins
+
+
+def test_wheel_prefix_normalizes_names() -> None:
+    assert build.wheel_prefix("py-cpuinfo", "9.0.0") == "py_cpuinfo-9.0.0-"
+    assert build.wheel_prefix("pyinstaller-hooks-contrib", "2026.9") == "pyinstaller_hooks_contrib-2026.9-"
+
+
+def test_mirrors_from_deb822_and_one_line_sources(tmp_path: Path) -> None:
+    deb822 = tmp_path / "a"
+    (deb822 / "sources.list.d").mkdir(parents=True)
+    (deb822 / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\n# http://old.example/debian\nURIs: http://mirror.example/debian\n"
+        "Suites: bookworm bookworm-updates\nComponents: main\n\n"
+        "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\n")
+    assert build.host_debian_mirrors(deb822) == (
+        "http://mirror.example/debian", "http://mirror.example/debian-security")
+
+    one_line = tmp_path / "b"
+    (one_line / "sources.list.d").mkdir(parents=True)
+    (one_line / "sources.list").write_text(
+        "deb [arch=amd64] http://m.example/debian/ bullseye main\n"
+        "deb http://m.example/debian-security bullseye-security main\n")
+    assert build.host_debian_mirrors(one_line) == ("http://m.example/debian", "http://m.example/debian-security")
+
+    empty = tmp_path / "c"
+    (empty / "sources.list.d").mkdir(parents=True)
+    with pytest.raises(build.Refused, match="--mirror"):
+        build.host_debian_mirrors(empty)
+
+
+def test_debian_versions_sort_numerically() -> None:
+    versions = ["3.11.2-6+deb12u9", "3.11.2-6", "3.11.2-6+deb12u10", "3.11.2-6+deb12u8"]
+    newest_first = sorted(versions, key=build._debian_version_key, reverse=True)
+    assert newest_first == ["3.11.2-6+deb12u10", "3.11.2-6+deb12u9", "3.11.2-6+deb12u8", "3.11.2-6"]
+
+
+def test_aarch64_is_refused_clearly(capsys: pytest.CaptureFixture[str]) -> None:
+    assert build.main(["--arch", "aarch64"]) == 2
+    assert "aarch64 is not supported yet" in capsys.readouterr().err
+
+
+def test_unknown_arch_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert build.main(["--arch", "sparc64"]) == 2
+    assert "unknown --arch" in capsys.readouterr().err

@@ -80,6 +80,9 @@ def build_parser(command: str) -> argparse.ArgumentParser:
         parser.add_argument("--max-texts", type=int, default=DEFAULT_MAX_TEXTS,
                             help="most texts in one {\"texts\": [...]} request")
         parser.add_argument("--max-batch", type=int, default=32, help="most texts per model call")
+        from runtime import server  # stdlib only, like this module
+
+        server.add_arguments(parser)
     if command in ("info", "selftest", "bench"):
         parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     if command == "selftest":
@@ -166,6 +169,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError("--max-line-bytes, --max-texts and --max-batch must be at least 1")
     # Claim stdout before importing numpy/onnxruntime, so nothing they print reaches the wire.
     wire = stdio.protect_stdout()
+    if args.socket or args.tcp:
+        return serve_socket(args, wire)
     setup = prepare(args)
     engine = load_engine(setup, args, max_batch=args.max_batch)
     from runtime.service import Service
@@ -176,6 +181,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
              setup.package.manifest.name, setup.package.manifest.version, setup.choice.tier.name,
              engine.variant.name, setup.threads, engine.warm_up_ms)
     return stdio.serve(service, wire, ready=args.ready)
+
+
+def serve_socket(args: argparse.Namespace, wire: int) -> int:
+    """`serve --socket PATH | --tcp HOST:PORT`: check and bind first, then load the model inside the
+    server (health answers "loading" meanwhile); see runtime/server.py."""
+    from runtime import server
+    from runtime.protocol import Limits
+
+    limits = Limits(max_line_bytes=args.max_line_bytes, max_texts=args.max_texts)
+    try:
+        config = server.config_from_args(args, limits)
+    except server.ListenError as exc:
+        raise UsageError(str(exc)) from exc
+    setup = prepare(args)
+
+    def load_service():
+        from runtime.service import Service
+
+        engine = load_engine(setup, args, max_batch=args.max_batch)
+        return Service(engine, limits, info={"tier": setup.choice.tier.name, "arch": setup.features.arch})
+
+    try:
+        return server.run(config, load_service, ready_wire=wire if args.ready else None)
+    except server.ListenError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def info_report(args: argparse.Namespace) -> tuple[dict[str, Any], int]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import re
 import shutil
@@ -33,7 +34,7 @@ import struct
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 QEMU_MIN_VERSION = (10, 0)
@@ -153,6 +154,7 @@ def emulated_command(
     cpu: str,
     root: Path | None = None,
     workdir: Path | None = None,
+    ld_prefix: Path | None = None,
 ) -> list[str]:
     """The host command that runs `argv` on the emulated CPU (see `run_emulated`)."""
     if arch not in QEMU_BINARIES:
@@ -162,6 +164,8 @@ def emulated_command(
         cmd += ["--root", str(root)]
     if workdir is not None:
         cmd += ["--workdir", str(workdir)]
+    if ld_prefix is not None:
+        cmd += ["--ld-prefix", str(ld_prefix)]
     return [*cmd, "--", *argv]
 
 
@@ -172,19 +176,21 @@ def run_emulated(
     *,
     root: Path | None = None,
     workdir: Path | None = None,
+    ld_prefix: Path | None = None,
     env: Mapping[str, str] | None = None,
     input: str | None = None,
     timeout: float = 600,
 ) -> subprocess.CompletedProcess[str]:
     """Run `argv` with every `arch` executable it starts emulated as CPU model `cpu`.
 
-    `root`: chroot into this directory first (an arm64 root for dynamically linked aarch64
-    programs; argv and workdir are then paths inside it). Returns the completed process with
+    `root`: chroot into this directory first (argv and workdir are then paths inside it).
+    `ld_prefix`: without a chroot, let qemu look up the guest's /lib… here first (QEMU_LD_PREFIX),
+    e.g. an arm64 root for a dynamically linked aarch64 program at a host path. Returns the completed process with
     text stdout/stderr; a SIGILL shows as returncode SIGILL_EXIT.
     """
     ensure_qemu()
     return subprocess.run(
-        emulated_command(argv, arch, cpu, root, workdir),
+        emulated_command(argv, arch, cpu, root, workdir, ld_prefix),
         env=dict(os.environ if env is None else env),
         input=input,
         capture_output=True,
@@ -270,6 +276,8 @@ def _inside(args: argparse.Namespace) -> None:
     _unshare_with_mapped_root()
     _register_binfmt(args.arch)
     os.environ["QEMU_CPU"] = args.cpu
+    if args.ld_prefix:
+        os.environ["QEMU_LD_PREFIX"] = str(Path(args.ld_prefix).resolve())
     if args.root:
         root = Path(args.root).resolve()
         _bind_system_dirs(root)
@@ -287,6 +295,209 @@ def _inside(args: argparse.Namespace) -> None:
     os.execv(target, argv)
 
 
+# ---------------------------------------------------------------------------------------------
+# Matrix cells: the frozen decide bundle on one emulated CPU.
+
+REPO = Path(__file__).resolve().parent.parent
+DIST = REPO / "dist"
+UNPACK_CACHE = Path.home() / ".cache" / "decide" / "matrix"
+ARM_LIBC_ROOT = Path.home() / ".cache" / "decide-build" / "aarch64" / "root"
+EMULATED_TIMEOUT = 1800  # s per command: ORT session creation alone is slow under TCG
+# Flags shown in the table: the ones the tiers turn on.
+TABLE_FLAGS = {
+    "x86_64": ("ssse3", "sse4_1", "sse4_2", "popcnt", "avx", "avx2", "fma", "avx512f",
+               "avx512vnni", "avx_vnni"),
+    "aarch64": ("asimd", "asimddp", "i8mm", "bf16", "sve"),
+}
+EXIT_CPU_UNSUPPORTED = 3  # runtime/cli.py
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """An unpacked decide zip: where its launcher and default model are."""
+
+    arch: str
+    zip_path: Path
+    executable: Path
+    model_dir: Path
+
+
+@dataclass
+class CellResult:
+    """One row of the matrix table."""
+
+    arch: str
+    cpu: str
+    flags: list[str]
+    tier: str = "-"
+    variant: str = "-"
+    selftest: str = "-"
+    max_dp: float | None = None
+    tolerance: float | None = None
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    refused: str = ""  # the stderr line of a documented refusal (exit 3), if any
+
+    @property
+    def ok(self) -> bool:
+        """No SIGILL/traceback/mismatch; a documented refusal counts as ok."""
+        return not self.problems
+
+
+def find_zip(arch: str) -> Path | None:
+    """The newest dist/decide-*-linux-<arch>.zip, or $DECIDE_ZIP_<ARCH> if set."""
+    override = os.environ.get(f"DECIDE_ZIP_{arch.upper()}")
+    if override:
+        return Path(override)
+    zips = sorted(DIST.glob(f"decide-*-linux-{arch}.zip"), key=lambda p: p.stat().st_mtime)
+    return zips[-1] if zips else None
+
+
+def unpack_bundle(zip_path: Path, arch: str) -> Bundle:
+    """Unzip once per zip content (cached); `unzip` keeps PyInstaller's symlinks, zipfile does not."""
+    stat = zip_path.stat()
+    key = f"{zip_path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
+    target = UNPACK_CACHE / key
+    if not (target / ".complete").exists():
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        subprocess.run(["unzip", "-q", str(zip_path), "-d", str(target)], check=True)
+        (target / ".complete").touch()
+    launchers = sorted(
+        (p for p in target.rglob("decide") if p.is_file() and os.access(p, os.X_OK)),
+        key=lambda p: len(p.parts),
+    )
+    manifests = sorted(
+        (p for p in target.rglob("manifest.json") if (p.parent / "golden.jsonl").exists()),
+        key=lambda p: len(p.parts),
+    )
+    if not launchers or not manifests:
+        raise FileNotFoundError(f"{zip_path}: no `decide` launcher or model with golden.jsonl inside")
+    return Bundle(arch, zip_path, launchers[0], manifests[0].parent)
+
+
+def golden_requests(model_dir: Path, count: int) -> tuple[list[str], list[list[float]], list[str]]:
+    """The first `count` golden texts, their FP32 reference probabilities, and the label order."""
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    rows = [json.loads(line) for line in (model_dir / "golden.jsonl").read_text().splitlines()
+            if line.strip()]
+    # One text per language first, so a few requests still cover every script.
+    picked, seen = [], set()
+    for row in rows:
+        if row.get("language") not in seen:
+            picked.append(row)
+            seen.add(row.get("language"))
+    picked += [r for r in rows if r not in picked]
+    picked = picked[:count]
+    return [r["text"] for r in picked], [r["probs"] for r in picked], list(manifest["labels"])
+
+
+def _problems_of(done: subprocess.CompletedProcess[str], what: str) -> list[str]:
+    """SIGILL, other signals and Python tracebacks: the failures no cell may show."""
+    problems = []
+    if done.returncode == SIGILL_EXIT:
+        problems.append(f"{what}: SIGILL")
+    elif done.returncode < 0:
+        problems.append(f"{what}: killed by signal {-done.returncode}")
+    if "Traceback (most recent call last)" in done.stderr:
+        problems.append(f"{what}: traceback: {done.stderr.strip().splitlines()[-1]}")
+    return problems
+
+
+def run_cell(bundle: Bundle, cpu_name: str, requests: int = 4, emulate: bool = True) -> CellResult:
+    """info → selftest → a few requests of the frozen bundle on one CPU model (or natively)."""
+    import time
+
+    models = X86_CPU_MODELS if bundle.arch == "x86_64" else ARM_CPU_MODELS
+    ld_prefix = ARM_LIBC_ROOT if bundle.arch == "aarch64" else None
+
+    def run(args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        argv = [str(bundle.executable), *args]
+        if not emulate:
+            return subprocess.run(argv, input=stdin, capture_output=True, text=True,
+                                  timeout=EMULATED_TIMEOUT)
+        return run_emulated(argv, bundle.arch, models[cpu_name], ld_prefix=ld_prefix,
+                            input=stdin, timeout=EMULATED_TIMEOUT)
+
+    started = time.monotonic()
+    cell = CellResult(bundle.arch, cpu_name if emulate else "native", [])
+    info = run(["info", "--json"])
+    cell.problems += _problems_of(info, "info")
+    try:
+        report = json.loads(info.stdout)
+    except json.JSONDecodeError:
+        cell.problems.append(f"info: no JSON (exit {info.returncode}): {info.stderr.strip()[-300:]}")
+        cell.seconds = time.monotonic() - started
+        return cell
+    flags = set(report.get("cpu", {}).get("flags", ()))
+    cell.flags = [f for f in TABLE_FLAGS.get(bundle.arch, ()) if f in flags]
+    choice = report.get("choice") or {}
+    cell.tier, cell.variant = choice.get("tier") or "-", choice.get("variant") or "-"
+    if info.returncode == EXIT_CPU_UNSUPPORTED:
+        serve = run([], stdin='{"id": 1, "text": "hello"}\n')
+        cell.problems += _problems_of(serve, "serve")
+        lines = serve.stderr.strip().splitlines()
+        cell.refused = lines[-1] if lines else ""
+        cell.selftest = f"refused (exit {serve.returncode})"
+        if serve.returncode != EXIT_CPU_UNSUPPORTED or len(lines) != 1 or serve.stdout.strip():
+            cell.problems.append(f"refusal must be exit 3 with one stderr line, got exit "
+                                 f"{serve.returncode}, {len(lines)} stderr lines")
+        cell.seconds = time.monotonic() - started
+        return cell
+    if info.returncode != 0:
+        cell.problems.append(f"info: exit {info.returncode}: {report.get('error')}")
+    selftest = run(["selftest", "--json"])
+    cell.problems += _problems_of(selftest, "selftest")
+    try:
+        results = json.loads(selftest.stdout)["results"]
+        cell.selftest = "pass" if selftest.returncode == 0 and all(r["passed"] for r in results) \
+            else "FAIL"
+    except (json.JSONDecodeError, KeyError):
+        cell.selftest = f"no result (exit {selftest.returncode})"
+    if cell.selftest != "pass":
+        cell.problems.append(f"selftest: {cell.selftest}: {selftest.stderr.strip()[-300:]}")
+    texts, reference, labels = golden_requests(bundle.model_dir, requests)
+    lines = "".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts))
+    serve = run([], stdin=lines)
+    cell.problems += _problems_of(serve, "serve")
+    answers = {}
+    for line in serve.stdout.splitlines():
+        reply = json.loads(line)
+        if "id" in reply and "scores" in reply:
+            answers[reply["id"]] = reply
+    if len(answers) != len(texts):
+        cell.problems.append(f"serve: {len(answers)}/{len(texts)} answers, exit {serve.returncode}")
+    diffs = [abs(answers[i]["scores"][label] - p)
+             for i, probs in enumerate(reference) if i in answers
+             for label, p in zip(labels, probs)]
+    cell.max_dp = max(diffs) if diffs else None
+    manifest = json.loads((bundle.model_dir / "manifest.json").read_text())
+    variant = manifest["variants"].get(cell.variant, {})
+    cell.tolerance = float(variant.get("golden_tolerance", 2e-3))
+    # The wire rounds scores to 6 decimals: allow that on top of the manifest's tolerance.
+    if cell.max_dp is not None and cell.max_dp > cell.tolerance + 1e-6:
+        cell.problems.append(f"serve: max |dp| {cell.max_dp:.2e} > tolerance {cell.tolerance:.0e}")
+    cell.seconds = time.monotonic() - started
+    return cell
+
+
+def format_table(cells: Sequence[CellResult]) -> str:
+    """CPU model → flags → tier → variant → selftest → max |Δp| vs native FP32, one row a cell."""
+    header = ("arch", "CPU model", "flags", "tier", "variant", "selftest", "max |dp| (tol)", "time",
+              "problems")
+    rows = [header]
+    for c in cells:
+        dp = "-" if c.max_dp is None else f"{c.max_dp:.1e} ({c.tolerance:.0e})"
+        rows.append((c.arch, c.cpu, ",".join(c.flags) or "-", c.tier, c.variant, c.selftest, dp,
+                     f"{c.seconds:.0f}s", "; ".join(c.problems) or (c.refused and "refused: "
+                                                                    + c.refused) or "ok"))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(header) - 1)]
+    out = []
+    for r in rows:
+        out.append("  ".join(str(v).ljust(w) for v, w in zip(r, widths)) + "  " + str(r[-1]))
+    return "\n".join(out)
+
+
 def main(arguments: Sequence[str] | None = None) -> int:
     """CLI: `install`, or `run --arch A --cpu C [--root DIR] -- command...`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -298,6 +509,7 @@ def main(arguments: Sequence[str] | None = None) -> int:
         run.add_argument("--cpu", required=True, help="QEMU_CPU model, e.g. Nehalem, cortex-a53")
         run.add_argument("--root", help="chroot into this directory (arm64 root)")
         run.add_argument("--workdir", help="working directory (inside the root if given)")
+        run.add_argument("--ld-prefix", help="QEMU_LD_PREFIX: guest library root, no chroot")
         run.add_argument("argv", nargs=argparse.REMAINDER)
     args = parser.parse_args(arguments)
     if args.action == "install":
@@ -310,7 +522,8 @@ def main(arguments: Sequence[str] | None = None) -> int:
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     root = Path(args.root) if args.root else None
     workdir = Path(args.workdir) if args.workdir else None
-    cmd = emulated_command(argv, args.arch, args.cpu, root, workdir)
+    ld_prefix = Path(args.ld_prefix) if args.ld_prefix else None
+    cmd = emulated_command(argv, args.arch, args.cpu, root, workdir, ld_prefix)
     code = subprocess.run(cmd).returncode
     return 128 - code if code < 0 else code
 

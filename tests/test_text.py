@@ -6,9 +6,10 @@ from runtime.text import Encoded, TextEncoder, bucket_for, bucket_lengths, pad_b
 
 
 def test_buckets_end_at_max_length():
-    assert bucket_lengths(512) == (16, 32, 64, 128, 512)
-    assert bucket_lengths(128) == (16, 32, 64, 128)
-    assert bucket_lengths(24) == (16, 24)
+    assert bucket_lengths(512, (16, 32, 64, 128)) == (16, 32, 64, 128, 512)
+    assert bucket_lengths(128, (16, 32, 64, 128)) == (16, 32, 64, 128)
+    assert bucket_lengths(24, (16, 32)) == (16, 24)
+    assert bucket_lengths(128)[-1] == 128 and bucket_lengths(128)[0] <= 16
 
 
 def test_bucket_for_picks_smallest_that_fits():

@@ -529,7 +529,10 @@ class SocketServer:
                  service.info["model"]["name"], service.variant, service.engine.warm_up_ms)
         if self.ready_wire is not None:
             event = {**service.ready_event(), "listen": self.config.address.describe()}
-            write_all(self.ready_wire, encode_line(event))
+            try:
+                write_all(self.ready_wire, encode_line(event))
+            except OSError as exc:  # whoever started us stopped reading stdout; serving goes on
+                log.warning("cannot write the ready event to stdout: %s", exc)
         sdnotify.notify("READY=1", f"STATUS=serving on {self.config.address.describe()}")
 
     def _deliver(self, batch: list[Pending], live: list[Pending], responses: list[dict[str, Any]],

@@ -1,0 +1,194 @@
+"""Load test for the socket service: N concurrent closed-loop clients → throughput and latency vs N.
+
+Each client holds one connection and keeps exactly one request in flight (send, wait for the
+answer, send the next), like N independent apps. Latency is measured by the client (send → answer
+line), so it includes the socket, batching delay and queueing. N=1 is serial batch-1 traffic;
+the ratio of each row's throughput to it shows what cross-connection micro-batching buys.
+
+    python3 benchmarks/load.py                                  # starts its own server, default model
+    python3 benchmarks/load.py --clients 1,4,16 --seconds 5 --server-args="--batch-delay-ms 0"
+    python3 benchmarks/load.py --socket /run/decide.sock        # an already running server
+
+Texts: the package's golden set (real multilingual sentences), cycled; or --texts FILE (JSON lines
+with a "text" field). Stdlib only; the client is one asyncio process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import select
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = REPO / "models" / "topics-multilingual"
+
+
+def percentile(sorted_values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile of sorted values."""
+    rank = max(1, -(-round(fraction * 1000) * len(sorted_values) // 1000))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def load_texts(path: Path) -> list[str]:
+    """The "text" field of every JSON line in `path`."""
+    with open(path, encoding="utf-8") as fh:
+        texts = [json.loads(line)["text"] for line in fh if line.strip()]
+    if not texts:
+        raise SystemExit(f"no texts in {path}")
+    return texts
+
+
+async def open_connection(where: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Connect to `unix:PATH` or `tcp:HOST:PORT` (the server's "listen" string)."""
+    kind, _, address = where.partition(":")
+    if kind == "unix":
+        return await asyncio.open_unix_connection(address, limit=1 << 22)
+    host, _, port = address.rpartition(":")
+    return await asyncio.open_connection(host.strip("[]"), int(port), limit=1 << 22)
+
+
+async def request(where: str, line: dict[str, Any]) -> dict[str, Any]:
+    """One request on a fresh connection (for the stats op)."""
+    reader, writer = await open_connection(where)
+    writer.write(json.dumps(line).encode() + b"\n")
+    answer = json.loads(await reader.readline())
+    writer.close()
+    return answer
+
+
+async def client(where: str, texts: list[str], offset: int, stop_at: float, measure_from: float,
+                 latencies: list[float], errors: list[str]) -> None:
+    """A closed-loop client: one request in flight until stop_at; latencies after measure_from."""
+    reader, writer = await open_connection(where)
+    number = offset
+    try:
+        while time.perf_counter() < stop_at:
+            text = texts[number % len(texts)]
+            sent = time.perf_counter()
+            writer.write(json.dumps({"id": number, "text": text}, ensure_ascii=False).encode() + b"\n")
+            answer = json.loads(await reader.readline())
+            done = time.perf_counter()
+            if answer.get("id") != number:
+                raise RuntimeError(f"answer for id {answer.get('id')} on a connection waiting for {number}")
+            if sent >= measure_from:
+                if "error" in answer:
+                    errors.append(answer["error"]["code"])
+                else:
+                    latencies.append(done - sent)
+            number += 1
+    finally:
+        writer.close()
+
+
+async def run_level(where: str, texts: list[str], clients: int, seconds: float, warm_s: float) -> dict[str, Any]:
+    """One row: N clients for warm_s (not measured) + seconds (measured)."""
+    before = await request(where, {"id": "before", "op": "stats"})
+    start = time.perf_counter()
+    measure_from = start + warm_s
+    stop_at = measure_from + seconds
+    latencies: list[float] = []
+    errors: list[str] = []
+    cpu_before = time.process_time()
+    await asyncio.gather(*(client(where, texts, c * 7919, stop_at, measure_from, latencies, errors)
+                           for c in range(clients)))
+    client_cpu = time.process_time() - cpu_before
+    elapsed = time.perf_counter() - measure_from
+    after = await request(where, {"id": "after", "op": "stats"})
+    batches = {int(k): v - before["batch_sizes"].get(k, 0) for k, v in after["batch_sizes"].items()}
+    batch_count = sum(batches.values())
+    ordered = sorted(latencies)
+    return {
+        "clients": clients,
+        "requests": len(latencies),
+        "errors": len(errors),
+        "throughput_rps": round(len(latencies) / elapsed, 1),
+        "p50_ms": round(percentile(ordered, 0.50) * 1000, 2) if ordered else None,
+        "p95_ms": round(percentile(ordered, 0.95) * 1000, 2) if ordered else None,
+        "p99_ms": round(percentile(ordered, 0.99) * 1000, 2) if ordered else None,
+        "mean_batch": round(sum(k * v for k, v in batches.items()) / batch_count, 2) if batch_count else None,
+        "client_cpu_s": round(client_cpu, 2),
+        "server_rss_mb": after.get("rss_mb"),
+    }
+
+
+def start_server(model: Path, extra: list[str], directory: str) -> tuple[subprocess.Popen, dict[str, Any]]:
+    """`decide serve --socket` in a private directory; returns it and its ready event."""
+    path = os.path.join(directory, "decide.sock")
+    proc = subprocess.Popen([sys.executable, "-m", "runtime", "serve", "--model", str(model), "--socket", path,
+                             "--ready", "-q", *extra], cwd=REPO, stdout=subprocess.PIPE)
+    ready, _, _ = select.select([proc.stdout], [], [], 120)
+    line = proc.stdout.readline() if ready else b""
+    if not line:
+        proc.kill()
+        raise SystemExit("the server did not start (see its stderr above)")
+    return proc, json.loads(line)
+
+
+def format_table(rows: list[dict[str, Any]], header: str) -> str:
+    """Human-readable table with the speed-up over the 1-client row."""
+    base = next((r["throughput_rps"] for r in rows if r["clients"] == 1), None)
+    lines = [header, f"{'clients':>7} {'req/s':>8} {'x N=1':>6} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
+                     f"{'batch':>6} {'errors':>6} {'requests':>8} {'cli cpu':>7}"]
+    for r in rows:
+        speedup = f"{r['throughput_rps'] / base:.2f}" if base else "-"
+        lines.append(f"{r['clients']:>7} {r['throughput_rps']:>8.1f} {speedup:>6} {r['p50_ms']:>7} {r['p95_ms']:>7} "
+                     f"{r['p99_ms']:>7} {r['mean_batch']!s:>6} {r['errors']:>6} {r['requests']:>8} "
+                     f"{r['client_cpu_s']:>7}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    """Run every client level and print the table (or JSON)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="package for the server it starts")
+    parser.add_argument("--socket", help="use a running server on this Unix socket")
+    parser.add_argument("--tcp", help="use a running server on HOST:PORT")
+    parser.add_argument("--server-args", default="", help="extra `decide serve` options for the server it starts")
+    parser.add_argument("--clients", default="1,2,4,8,16", help="comma-separated client counts")
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per level")
+    parser.add_argument("--warm", type=float, default=1.0, help="unmeasured seconds before each level")
+    parser.add_argument("--texts", type=Path, help="JSON lines with a text field (default: the golden set)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    args = parser.parse_args()
+    levels = [int(n) for n in args.clients.split(",") if n.strip()]
+    load_before = os.getloadavg()[0]
+
+    with contextlib.ExitStack() as stack:
+        proc = None
+        if args.socket or args.tcp:
+            where = f"unix:{args.socket}" if args.socket else f"tcp:{args.tcp}"
+            texts = load_texts(args.texts) if args.texts else None
+        else:
+            directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="decide-load-"))
+            proc, ready = start_server(args.model, shlex.split(args.server_args), directory)
+            stack.callback(lambda: (proc.terminate(), proc.wait(timeout=60)))
+            where = ready["listen"]
+            texts = load_texts(args.texts or args.model / "golden.jsonl")
+        if texts is None:
+            raise SystemExit("--texts is required with --socket/--tcp")
+        info = asyncio.run(request(where, {"id": "info", "op": "info"}))
+        rows = [asyncio.run(run_level(where, texts, n, args.seconds, args.warm)) for n in levels]
+
+    header = (f"model {info['model']['name']} {info['model']['version']}, variant {info['variant']}, "
+              f"{info['threads']} threads, server {info['server']}, {len(texts)} texts cycled, "
+              f"{args.seconds:g} s per level, {os.cpu_count()} CPUs, load average before/after "
+              f"{load_before:.2f}/{os.getloadavg()[0]:.2f} (other processes share these cores)")
+    if args.json:
+        print(json.dumps({"info": info, "load_average": [load_before, os.getloadavg()[0]], "rows": rows}, indent=2))
+    else:
+        print(format_table(rows, header))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import hashlib
 import json
 import os
 import re
@@ -354,12 +355,23 @@ def find_zip(arch: str) -> Path | None:
 
 
 def unpack_bundle(zip_path: Path, arch: str) -> Bundle:
-    """Unzip once per zip content (cached); `unzip` keeps PyInstaller's symlinks, zipfile does not."""
+    """Unzip once per zip content (cached); `unzip` keeps PyInstaller's symlinks, zipfile does not.
+
+    The zip's .sha256 file, when there, is checked first (catches a zip still being written).
+    """
+    checksum = zip_path.with_name(zip_path.name + ".sha256")
+    if checksum.exists():
+        expected = checksum.read_text().split()[0]
+        digest = hashlib.sha256(zip_path.read_bytes()).hexdigest()
+        if digest != expected:
+            raise FileNotFoundError(f"{zip_path}: sha256 differs from {checksum.name} "
+                                    "(still being written, or stale)")
     stat = zip_path.stat()
     key = f"{zip_path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
     target = UNPACK_CACHE / key
     if not (target / ".complete").exists():
-        shutil.rmtree(target, ignore_errors=True)
+        for stale in UNPACK_CACHE.glob(f"{zip_path.stem}-*"):  # earlier builds of this zip
+            shutil.rmtree(stale, ignore_errors=True)
         target.mkdir(parents=True)
         subprocess.run(["unzip", "-q", str(zip_path), "-d", str(target)], check=True)
         (target / ".complete").touch()

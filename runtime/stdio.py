@@ -10,7 +10,7 @@
   already in the pipe (os.read, no Python buffered reader) and answers the complete lines as one
   batch. Interactive input gives batches of one, answered immediately; piped bulk input piles up in
   the pipe while the model runs and is answered at batch speed. (A reader thread handing lines
-  over a queue cost an extra wake-up per request: ~2 ms at batch 1 on a loaded 2-core machine.)
+  over a queue costs an extra thread wake-up per request, which a loaded machine makes slow.)
 - Each batch of responses is written with os.write straight away (no userspace buffer to flush).
 - EOF: answer everything read, return 0. SIGTERM/SIGINT: finish the batch in flight, return 0.
   Reader gone (EPIPE): return 0 quietly.

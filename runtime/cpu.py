@@ -151,8 +151,11 @@ def _arm64_flags() -> frozenset[str]:
     getauxval = libc.getauxval
     getauxval.restype = ctypes.c_ulong
     getauxval.argtypes = [ctypes.c_ulong]
-    hwcap = getauxval(_AT_HWCAP)
-    hwcap2 = getauxval(_AT_HWCAP2)
+    return hwcap_flags(getauxval(_AT_HWCAP), getauxval(_AT_HWCAP2))
+
+
+def hwcap_flags(hwcap: int, hwcap2: int) -> frozenset[str]:
+    """Flag names (as in /proc/cpuinfo "Features") for arm64 AT_HWCAP/AT_HWCAP2 bit masks."""
     flags = {name for name, bit in _ARM64_HWCAP.items() if hwcap & bit}
     flags |= {name for name, bit in _ARM64_HWCAP2.items() if hwcap2 & bit}
     return frozenset(flags)

@@ -4,7 +4,14 @@ import platform
 import subprocess
 import sys
 
-from runtime.cpu import drop_unusable_vector_flags, normalise_arch, parse_fake_cpu, probe, usable_cores
+from runtime.cpu import (
+    drop_unusable_vector_flags,
+    hwcap_flags,
+    normalise_arch,
+    parse_fake_cpu,
+    probe,
+    usable_cores,
+)
 
 
 def test_fake_cpu_spec_is_parsed():
@@ -53,3 +60,10 @@ def test_probe_imports_no_numeric_stack():
     code = "import sys; from runtime.cpu import probe; probe(); print('numpy' in sys.modules, 'onnxruntime' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_arm64_hwcap_bits_map_to_feature_names():
+    # Bits from <asm/hwcap.h>: HWCAP_ASIMD = 1 << 1, HWCAP_ASIMDDP = 1 << 20, HWCAP2_I8MM = 1 << 13.
+    assert hwcap_flags(0b11, 0) == {"fp", "asimd"}  # Cortex-A53
+    assert hwcap_flags(0b11 | 1 << 20, 0) == {"fp", "asimd", "asimddp"}  # Neoverse-N1
+    assert {"asimddp", "sve", "i8mm", "bf16"} <= hwcap_flags(0b11 | 1 << 20 | 1 << 22, 1 << 13 | 1 << 14)

@@ -120,23 +120,19 @@ def model_dir(args: argparse.Namespace) -> Path:
     return find_data_dir(DEFAULT_MODEL)
 
 
-def probe_and_choose_tier(args: argparse.Namespace) -> tuple[CpuFeatures, PlatformTiers, Choice]:
-    """Probe the CPU and choose the tier (no package yet); raises CpuUnsupported/OverrideError."""
-    features = probe()
-    platform = load_platform(find_data_dir("platforms"), features.arch)
-    tier_override = args.tier or os.environ.get(ENV_TIER) or None
-    return features, platform, select(features, platform, None, tier_override)
+def overrides(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(tier, variant) forced by flags or, failing that, by DECIDE_TIER/DECIDE_VARIANT."""
+    return (args.tier or os.environ.get(ENV_TIER) or None, args.variant or os.environ.get(ENV_VARIANT) or None)
 
 
 def prepare(args: argparse.Namespace) -> Setup:
     """CPU → tier → package → variant, the stdlib-only part of every command that runs the model."""
-    features, platform, tier_choice = probe_and_choose_tier(args)
+    features = probe()
+    platform = load_platform(find_data_dir("platforms"), features.arch)
+    tier_override, variant_override = overrides(args)
+    select(features, platform, None, tier_override)  # refuse the CPU before touching the package
     package = load_package(model_dir(args))
-    choice = select(
-        features, platform, package.manifest.variants.keys(),
-        tier_override=tier_choice.tier.name if (args.tier or os.environ.get(ENV_TIER)) else None,
-        variant_override=args.variant or os.environ.get(ENV_VARIANT) or None,
-    )
+    choice = select(features, platform, package.manifest.variants.keys(), tier_override, variant_override)
     if args.threads is not None and args.threads < 1:
         raise UsageError("--threads must be at least 1")
     cap = choice.tier.threads_max or features.usable_cores
@@ -240,8 +236,7 @@ def info_report(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
         # Reported, not fatal: info is the diagnostic command and still shows the tier choice.
         report["model"] = {"path": str(path), "error": str(exc)}
     try:
-        choice = select(features, platform, variants, args.tier or os.environ.get(ENV_TIER) or None,
-                        args.variant or os.environ.get(ENV_VARIANT) or None)
+        choice = select(features, platform, variants, *overrides(args))
         report["choice"] = {"tier": choice.tier.name, "variant": choice.variant, "reasons": list(choice.reasons)}
     except CpuUnsupported as exc:
         report["error"] = {"code": "cpu_unsupported", "message": str(exc)}

@@ -5,7 +5,6 @@ import shutil
 
 import numpy as np
 import pytest
-from fixtures import tiny_package
 
 from runtime.batching import plan_batches
 from runtime.engine import Engine, EngineLimits, SessionSettings

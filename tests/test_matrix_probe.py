@@ -111,3 +111,57 @@ def test_plain_qemu_alone_is_escaped_by_the_bootloader(probe_binary: Path) -> No
         capture_output=True, text=True, timeout=300, check=True,
     )
     assert json.loads(done.stdout.strip().splitlines()[-1])["flags"] == host
+
+
+# ARM64: the same probe frozen inside the arm64 build root (bundle_spec/aarch64/make_root.sh),
+# then run with each QEMU_CPU model. HWCAP bits: asimd 1<<1, asimddp 1<<20, sve 1<<22;
+# HWCAP2: i8mm 1<<13, bf16 1<<14.
+ARM_ROOT = emulation.ARM_LIBC_ROOT
+ARM_PYTHON = "/opt/py311/bin/python3"
+ARM_EXPECTED: dict[str, tuple[dict[str, bool], dict[str, bool]]] = {
+    "cortex-a53": ({"asimd": True, "asimddp": False, "sve": False}, {"i8mm": False}),
+    "cortex-a72": ({"asimd": True, "asimddp": False, "sve": False}, {"i8mm": False}),
+    "neoverse-n1": ({"asimd": True, "asimddp": True, "sve": False}, {"i8mm": False}),
+    "max": ({"asimd": True, "asimddp": True, "sve": False}, {"i8mm": True, "bf16": True}),
+}
+HWCAP_BITS = {"asimd": 1 << 1, "asimddp": 1 << 20, "sve": 1 << 22}
+HWCAP2_BITS = {"i8mm": 1 << 13, "bf16": 1 << 14}
+
+
+@pytest.fixture(scope="module")
+def arm_probe_binary() -> str:
+    """The probe frozen by PyInstaller inside the arm64 root (path inside the root)."""
+    if not (ARM_ROOT / ARM_PYTHON.lstrip("/")).exists():
+        pytest.skip(f"no arm64 build root at {ARM_ROOT}: run bundle_spec/aarch64/make_root.sh")
+    try:
+        emulation.ensure_qemu()
+    except emulation.EmulationUnavailable as exc:
+        pytest.skip(str(exc))
+    digest = hashlib.sha256(PROBE_SOURCE.encode()).hexdigest()[:12]
+    work = f"/build/matrix-probe/{digest}"
+    binary = f"{work}/dist/cpuprobe/cpuprobe"
+    if not (ARM_ROOT / binary.lstrip("/")).is_file():
+        host_work = ARM_ROOT / work.lstrip("/")
+        shutil.rmtree(host_work, ignore_errors=True)
+        host_work.mkdir(parents=True)
+        (host_work / "cpuprobe.py").write_text(PROBE_SOURCE)
+        done = emulation.run_emulated(
+            [ARM_PYTHON, "-m", "PyInstaller", "--onedir", "--noconfirm", "--log-level=WARN",
+             "--distpath", "dist", "--workpath", "build", "--specpath", ".", "cpuprobe.py"],
+            "aarch64", "cortex-a72", root=ARM_ROOT, workdir=Path(work), timeout=1800,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    return binary
+
+
+@pytest.mark.parametrize("model", list(ARM_EXPECTED))
+def test_frozen_probe_sees_the_emulated_arm_model(arm_probe_binary: str, model: str) -> None:
+    done = emulation.run_emulated([arm_probe_binary], "aarch64", emulation.ARM_CPU_MODELS[model],
+                                  root=ARM_ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["machine"] == "aarch64"
+    hwcap, hwcap2 = (int(v, 16) for v in out["flags"])
+    want1, want2 = ARM_EXPECTED[model]
+    assert {n: bool(hwcap & HWCAP_BITS[n]) for n in want1} == want1
+    assert {n: bool(hwcap2 & HWCAP2_BITS[n]) for n in want2} == want2

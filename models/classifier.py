@@ -1,0 +1,95 @@
+"""The decision model: an encoder with the [CLS] ⊕ mean-pool ⊕ max-pool → 2-layer MLP head.
+
+The head follows the design note (§2.2). For e5 the word embeddings stay frozen in their original
+4-bit form (`BlockQuantizedEmbedding`): the exported graph stores the int8 codes and fp16 block
+scales and expands them in FP32, which is exact, so the embedding table costs 1 byte per value
+and is shared by every variant of a package.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import BertConfig, BertModel
+
+BLOCK = 32  # values per scale in the block-quantized embedding
+
+
+class BlockQuantizedEmbedding(nn.Module):
+    """Frozen embedding table stored as int8 codes with one float16 scale per block of 32 values."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("codes", codes.to(torch.int8))
+        self.register_buffer("scales", scales.to(torch.float16))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """float32 [batch, seq, hidden] rows for the ids."""
+        codes = self.codes[input_ids].float()  # Gather on int8, then Cast: compute stays FP32
+        scales = self.scales[input_ids].float()
+        batch, seq, hidden = codes.shape
+        blocks = codes.reshape(batch, seq, hidden // BLOCK, BLOCK) * scales.unsqueeze(-1)
+        return blocks.reshape(batch, seq, hidden)
+
+
+class PooledHead(nn.Module):
+    """[CLS] ⊕ masked mean ⊕ masked max of the last hidden states → Linear → GELU → Linear."""
+
+    def __init__(self, hidden: int, num_labels: int, inner: int = 256, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(
+            nn.Dropout(dropout), nn.Linear(3 * hidden, inner), nn.GELU(),
+            nn.Dropout(dropout), nn.Linear(inner, num_labels),
+        )
+
+    def forward(self, states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Logits [batch, num_labels]."""
+        mask = attention_mask.unsqueeze(-1).to(states.dtype)
+        mean = (states * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        # padded positions must never win the max: push them far below any real activation
+        maximum = (states + (mask - 1.0) * 1e4).max(dim=1).values
+        return self.mlp(torch.cat([states[:, 0], mean, maximum], dim=-1))
+
+
+class TextClassifier(nn.Module):
+    """input_ids, attention_mask (int64 [batch, seq]) → logits (float32 [batch, num_labels])."""
+
+    def __init__(self, encoder: BertModel, num_labels: int,
+                 word_embedding: BlockQuantizedEmbedding | None = None) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.word_embedding = word_embedding
+        self.head = PooledHead(encoder.config.hidden_size, num_labels)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Logits for a padded batch."""
+        if self.word_embedding is not None:
+            states = self.encoder(inputs_embeds=self.word_embedding(input_ids),
+                                  attention_mask=attention_mask).last_hidden_state
+        else:
+            states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.head(states, attention_mask)
+
+
+def student_from(teacher: TextClassifier, layers: list[int], max_positions: int) -> TextClassifier:
+    """A shallower copy of `teacher` keeping encoder layers `layers` (and its head) as initial weights."""
+    config = BertConfig.from_dict(teacher.encoder.config.to_dict())
+    config.num_hidden_layers = len(layers)
+    config.max_position_embeddings = max_positions
+    encoder = BertModel(config, add_pooling_layer=False)
+    teacher_state = teacher.encoder.state_dict()
+    state = {}
+    for name, value in teacher_state.items():
+        if name.startswith("encoder.layer."):
+            index = int(name.split(".")[2])
+            if index in layers:
+                rest = name.split(".", 3)[3]
+                state[f"encoder.layer.{layers.index(index)}.{rest}"] = value
+        elif name == "embeddings.position_embeddings.weight":
+            state[name] = value[:max_positions]
+        elif "position_ids" not in name:
+            state[name] = value
+    encoder.load_state_dict(state, strict=False)
+    student = TextClassifier(encoder, teacher.head.mlp[-1].out_features, teacher.word_embedding)
+    student.head.load_state_dict(teacher.head.state_dict())
+    return student

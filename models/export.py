@@ -1,0 +1,187 @@
+"""ONNX export and the published variants: FP32 (fp16 storage) and dynamic int8 (U8U8, U8S8).
+
+All graphs keep ORT's portable form (no ALL-level/layout optimization, which ties a graph to the
+CPU it was made on; the runtime optimizes at session creation). The frozen word-embedding table
+(int8 codes + fp16 block scales) is moved into one external-data file that every variant of the
+package references, so it is stored once.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from models.classifier import TextClassifier
+
+OPSET = 17
+SHARED_DATA_FILE = "embeddings.bin"
+_ALIGN = 4096  # offsets in the shared file are page-aligned so ORT may mmap them
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How one int8 variant is made with onnxruntime.quantization.quantize_dynamic."""
+
+    name: str
+    weight_type: str  # "QUInt8" or "QInt8" (activations are always QUInt8 in dynamic quantization)
+    per_channel: bool
+    reduce_range: bool
+    cpu_families: tuple[str, ...]
+
+    def settings(self) -> dict:
+        """What the manifest records about this quantization."""
+        return {"method": "onnxruntime.quantization.quantize_dynamic", "activation_type": "QUInt8",
+                "weight_type": self.weight_type, "per_channel": self.per_channel,
+                "reduce_range": self.reduce_range, "op_types": ["MatMul"]}
+
+
+INT8_VARIANTS = (
+    # x86 without VNNI: unsigned weights avoid VPMADDUBSW's int16 saturation (ORT quantization docs)
+    QuantSpec("int8-u8u8", "QUInt8", per_channel=False, reduce_range=False,
+              cpu_families=("v2-sse4.2", "avx", "avx2", "avx512", "armv8.0")),
+    # VNNI and ARM dot-product instructions take signed weights without saturation
+    QuantSpec("int8-u8s8", "QInt8", per_channel=True, reduce_range=False,
+              cpu_families=("avx-vnni", "avx512-vnni", "armv8.0", "dotprod", "i8mm")),
+)
+FP32_CPU_FAMILIES = ("v2-sse4.2", "avx", "avx2", "avx512", "avx-vnni", "avx512-vnni",
+                     "armv8.0", "dotprod", "i8mm")
+
+
+class _ExportWrapper(torch.nn.Module):
+    """Positional (input_ids, attention_mask) → logits, for the tracer."""
+
+    def __init__(self, model: TextClassifier) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, attention_mask)
+
+
+def export_fp32(model: TextClassifier, path: Path, pad_id: int) -> None:
+    """Trace the classifier to one self-contained ONNX file with dynamic batch and sequence axes."""
+    wrapper = _ExportWrapper(model).eval()  # eval() on the wrapper too: dropout off in the trace
+    ids = torch.tensor([[0, 5, 6, 7, 2], [0, 8, 2, pad_id, pad_id]], dtype=torch.long)
+    mask = (ids != pad_id).long()
+    torch.onnx.export(
+        wrapper, (ids, mask), str(path), dynamo=False, opset_version=OPSET,
+        input_names=["input_ids", "attention_mask"], output_names=["logits"],
+        dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
+                      "logits": {0: "batch"}},
+        do_constant_folding=True,
+    )
+
+
+def quantize(fp32_path: Path, out_path: Path, spec: QuantSpec) -> None:
+    """Dynamic int8 quantization of the MatMul weights (the embedding table is left as it is)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(fp32_path), str(out_path), op_types_to_quantize=["MatMul"],
+        weight_type=getattr(QuantType, spec.weight_type), per_channel=spec.per_channel,
+        reduce_range=spec.reduce_range, extra_options={"MatMulConstBOnly": True},
+    )
+
+
+def store_weights_fp16(model: onnx.ModelProto, min_elements: int = 1024) -> int:
+    """Store large float32 initializers as float16 followed by a Cast to float32; returns how many.
+
+    ORT folds the Cast into a float32 constant at session creation, so the graph still computes in
+    FP32; only the file holds half-precision weights.
+    """
+    graph = model.graph
+    converted = 0
+    casts = []
+    for init in list(graph.initializer):
+        if init.data_type != TensorProto.FLOAT or int(np.prod(init.dims)) < min_elements:
+            continue
+        value = numpy_helper.to_array(init)
+        half_name = f"{init.name}__fp16"
+        graph.initializer.remove(init)
+        graph.initializer.append(numpy_helper.from_array(value.astype(np.float16), half_name))
+        casts.append(helper.make_node("Cast", [half_name], [init.name], to=TensorProto.FLOAT,
+                                      name=f"{init.name}__cast"))
+        converted += 1
+    for node in reversed(casts):  # Casts first: inputs must precede their consumers
+        graph.node.insert(0, node)
+    return converted
+
+
+def shared_tensors(model: onnx.ModelProto) -> list[str]:
+    """Names of the non-float initializers that make the frozen word table (int8 codes, fp16 scales)."""
+    names = []
+    for init in model.graph.initializer:
+        if init.name.endswith(("word_embedding.codes", "word_embedding.scales")):
+            names.append(init.name)
+    return sorted(names)
+
+
+def write_shared_data(model: onnx.ModelProto, names: list[str], path: Path) -> dict[str, tuple[int, int]]:
+    """Write the named initializers into one external-data file; returns name → (offset, length)."""
+    layout, offset = {}, 0
+    with open(path, "wb") as fh:
+        for init in model.graph.initializer:
+            if init.name in names:
+                raw = numpy_helper.to_array(init).tobytes()
+                fh.write(b"\0" * (offset - fh.tell()))
+                fh.write(raw)
+                layout[init.name] = (offset, len(raw))
+                offset = (offset + len(raw) + _ALIGN - 1) // _ALIGN * _ALIGN
+    return layout
+
+
+def point_to_shared_data(model: onnx.ModelProto, layout: dict[str, tuple[int, int]], location: str) -> None:
+    """Replace the named initializers' bytes by references into the shared external-data file."""
+    for init in model.graph.initializer:
+        if init.name in layout:
+            offset, length = layout[init.name]
+            init.ClearField("raw_data")
+            for field in ("int32_data", "float_data"):
+                init.ClearField(field)
+            init.data_location = TensorProto.EXTERNAL
+            del init.external_data[:]
+            for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+                entry = init.external_data.add()
+                entry.key, entry.value = key, value
+
+
+def build_variants(model: TextClassifier, out_dir: Path, pad_id: int,
+                   quant_specs: tuple[QuantSpec, ...] = INT8_VARIANTS) -> dict[str, Path]:
+    """Export FP32 and the int8 variants into out_dir; returns variant name → graph path.
+
+    Files: model-fp32.onnx (fp16 storage), model-<int8 name>.onnx, and embeddings.bin when the
+    classifier has a block-quantized word table (then every graph references it).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = Path(tmp) / "plain-fp32.onnx"
+        export_fp32(model, plain, pad_id)
+        graphs = {"fp32": onnx.load(str(plain))}
+        for spec in quant_specs:
+            quantized = Path(tmp) / f"{spec.name}.onnx"
+            quantize(plain, quantized, spec)
+            graphs[spec.name] = onnx.load(str(quantized))
+    store_weights_fp16(graphs["fp32"])
+    names = shared_tensors(graphs["fp32"])
+    if names:
+        layout = write_shared_data(graphs["fp32"], names, out_dir / SHARED_DATA_FILE)
+        for graph in graphs.values():
+            point_to_shared_data(graph, layout, SHARED_DATA_FILE)
+    paths = {}
+    for name, graph in graphs.items():
+        path = out_dir / f"model-{name}.onnx"
+        onnx.save(graph, str(path))
+        paths[name] = path
+    return paths
+
+
+def file_size(path: Path) -> int:
+    """Bytes on disk."""
+    return os.path.getsize(path)

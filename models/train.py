@@ -1,0 +1,157 @@
+"""Fine-tuning and distillation loops (torch, single process; progress with ETA on stderr)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from models.metrics import classification_metrics
+from models.progress import Progress, log
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyper-parameters of one training run (recorded in the manifest's provenance)."""
+
+    epochs: int = 8
+    batch_size: int = 32
+    lr: float = 5e-5  # encoder
+    head_lr: float = 1e-3  # freshly initialised head
+    weight_decay: float = 0.01
+    patience: int = 2  # epochs without validation macro-F1 improvement before stopping
+    seed: int = 13
+    distill_alpha: float = 0.7  # weight of the teacher's soft targets (distillation only)
+    temperature: float = 2.0
+    max_steps: int = 0  # >0 stops early (tiny test runs)
+    freeze_layers: int = 0  # bottom encoder layers (and embeddings) kept frozen: cheaper backward
+
+
+def set_seed(seed: int) -> None:
+    """Seed python, numpy and torch."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def pad_batch(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad to the longest sequence: (input_ids, attention_mask) int64."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        mask[row, : len(seq)] = 1
+    return ids, mask
+
+
+def _batches_by_length(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """Shuffled batches of similar length (less padding, faster on CPU)."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+@torch.no_grad()
+def predict_logits(model: nn.Module, sequences: list[list[int]], pad_id: int,
+                   batch_size: int = 64) -> np.ndarray:
+    """Logits for every sequence, in input order."""
+    model.eval()
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    out = np.zeros((len(sequences), 0), dtype=np.float32)
+    chunks = []
+    for start in range(0, len(order), batch_size):
+        index = order[start : start + batch_size]
+        ids, mask = pad_batch([sequences[i] for i in index], pad_id)
+        chunks.append((index, model(ids, mask).float().numpy()))
+    if chunks:
+        out = np.zeros((len(sequences), chunks[0][1].shape[1]), dtype=np.float32)
+        for index, logits in chunks:
+            out[index] = logits
+    return out
+
+
+def freeze_bottom(model: nn.Module, layers: int) -> None:
+    """Stop gradients into the embeddings and the first `layers` encoder layers."""
+    for name, param in model.named_parameters():
+        if name.startswith("encoder.embeddings.") or any(
+                name.startswith(f"encoder.encoder.layer.{i}.") for i in range(layers)):
+            param.requires_grad_(False)
+
+
+def class_weights(labels: np.ndarray, num_labels: int) -> torch.Tensor:
+    """Inverse square-root frequency weights (mean 1): rare topics count more, not overwhelmingly."""
+    counts = np.bincount(labels, minlength=num_labels).astype(np.float64)
+    weights = 1.0 / np.sqrt(np.maximum(counts, 1.0))
+    return torch.tensor(weights / weights.mean(), dtype=torch.float32)
+
+
+def fit(model: nn.Module, train_seqs: list[list[int]], train_labels: np.ndarray,
+        val_seqs: list[list[int]], val_labels: np.ndarray, labels: tuple[str, ...],
+        config: TrainConfig, pad_id: int, teacher_logits: np.ndarray | None = None,
+        name: str = "train") -> dict:
+    """Train with early stopping on validation macro-F1; leaves the best weights in `model`."""
+    set_seed(config.seed)
+    rng = random.Random(config.seed)
+    if config.freeze_layers:
+        freeze_bottom(model, config.freeze_layers)
+    head_params = [p for n, p in model.named_parameters() if n.startswith("head.") and p.requires_grad]
+    body_params = [p for n, p in model.named_parameters() if not n.startswith("head.") and p.requires_grad]
+    optimizer = torch.optim.AdamW([
+        {"params": body_params, "lr": config.lr},
+        {"params": head_params, "lr": config.head_lr},
+    ], weight_decay=config.weight_decay)
+    steps_per_epoch = (len(train_seqs) + config.batch_size - 1) // config.batch_size
+    total_steps = steps_per_epoch * config.epochs
+    if config.max_steps:
+        total_steps = min(total_steps, config.max_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / max(1, total_steps // 10))
+        * max(0.0, 1.0 - step / max(1, total_steps)))
+    weights = class_weights(train_labels, len(labels))
+    lengths = [len(s) for s in train_seqs]
+    best_f1, best_state, best_epoch, stale, step = -1.0, None, 0, 0, 0
+    progress = Progress(name, total_steps)
+    history = []
+    for epoch in range(1, config.epochs + 1):
+        model.train()
+        for index in _batches_by_length(lengths, config.batch_size, rng):
+            ids, mask = pad_batch([train_seqs[i] for i in index], pad_id)
+            target = torch.tensor(train_labels[index], dtype=torch.long)
+            logits = model(ids, mask)
+            loss = nn.functional.cross_entropy(logits, target, weight=weights)
+            if teacher_logits is not None:
+                t = config.temperature
+                soft = torch.softmax(torch.tensor(teacher_logits[index]) / t, dim=-1)
+                kd = nn.functional.kl_div(torch.log_softmax(logits / t, dim=-1), soft,
+                                          reduction="batchmean") * t * t
+                loss = config.distill_alpha * kd + (1 - config.distill_alpha) * loss
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            progress.advance(note=f"epoch {epoch} loss {loss.item():.3f}")
+            if config.max_steps and step >= config.max_steps:
+                break
+        val_pred = predict_logits(model, val_seqs, pad_id).argmax(1)
+        val = classification_metrics(val_labels, val_pred, labels)
+        history.append({"epoch": epoch, "val_accuracy": round(val["accuracy"], 4),
+                        "val_macro_f1": round(val["macro_f1"], 4)})
+        log(f"{name} epoch {epoch}: val accuracy {val['accuracy']:.4f} macro-F1 {val['macro_f1']:.4f}")
+        if val["macro_f1"] > best_f1:
+            best_f1, best_epoch, stale = val["macro_f1"], epoch, 0
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        else:
+            stale += 1
+        if stale >= config.patience or (config.max_steps and step >= config.max_steps):
+            break
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    model.eval()
+    return {"best_epoch": best_epoch, "best_val_macro_f1": round(best_f1, 4), "history": history}

@@ -149,3 +149,27 @@ def test_stray_prints_cannot_reach_the_wire():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, timeout=30)
     assert out.stdout == b"wire\n"
     assert b"stray print" in out.stderr and b"stray fd write" in out.stderr
+
+
+def test_every_error_code_on_the_wire_then_the_next_line_is_answered(tiny_package_dir):
+    bad = {
+        "invalid_json": b"{nope",
+        "invalid_utf8": b'{"text": "\xc3\x28"}',
+        "invalid_request": b'{"id": 1, "text": 42}',
+        "missing_text": b'{"id": 1}',
+        "empty_text": b'{"id": 1, "text": ""}',
+        "line_too_long": b'{"text": "' + b"rain " * 100 + b'"}',
+        "too_many_texts": b'{"texts": ["a", "b", "c"]}',
+        "unknown_op": b'{"op": "shutdown"}',
+    }
+    lines = []
+    for code, line in bad.items():
+        lines += [line, json.dumps({"id": f"after-{code}", "text": "goal"}).encode()]
+    proc = start(tiny_package_dir, "--max-line-bytes", "300", "--max-texts", "2")
+    out, err = proc.communicate(b"\n".join(lines) + b"\n", timeout=60)
+    assert proc.returncode == 0, err
+    responses = [json.loads(line) for line in out.splitlines()]
+    assert len(responses) == 2 * len(bad)
+    for (code, _), error, ok in zip(bad.items(), responses[::2], responses[1::2]):
+        assert error["error"]["code"] == code
+        assert ok["id"] == f"after-{code}" and ok["label"] == "sports"

@@ -111,3 +111,22 @@ def test_bench_json_has_every_batch_size_and_the_fixed_padding_rows(tiny_package
     assert [(r["texts"], r["batch"]) for r in rows] == [
         ("short", 1), ("short", 4), ("long", 1), ("long", 4), ("short, fixed pad 24", 1), ("short, fixed pad 24", 4)]
     assert all(r["p50_ms"] <= r["p95_ms"] <= r["p99_ms"] and r["items_per_s"] > 0 for r in rows)
+
+
+def test_info_on_an_unsupported_cpu_still_shows_the_table_and_exits_3(tiny_package_dir):
+    result = decide("info", "--json", "--model", str(tiny_package_dir), env={"DECIDE_FAKE_CPU": "x86_64:sse2,sse3"})
+    assert result.returncode == 3
+    report = json.loads(result.stdout)
+    assert not any(t["pass"] for t in report["tiers"])
+    assert report["error"]["code"] == "cpu_unsupported" and "sse4_2" in report["error"]["message"]
+
+
+def test_unknown_architecture_exits_3(tiny_package_dir):
+    result = decide("--model", str(tiny_package_dir), env={"DECIDE_FAKE_CPU": "riscv64:rv64gc"})
+    assert result.returncode == 3 and b"riscv64" in result.stderr
+
+
+def test_threads_flag_reaches_the_engine(tiny_package_dir):
+    result = decide("--model", str(tiny_package_dir), "--threads", "1", stdin=b'{"op": "info"}\n')
+    info = json.loads(result.stdout)
+    assert info["threads"] == 1 and info["tier"] and info["buckets"][-1] == 24

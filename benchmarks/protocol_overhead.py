@@ -126,13 +126,14 @@ def protocol_overhead(args, variant: str, threads: int, texts: list[str]) -> dic
         timed(bare, texts[:5]), timed(wire, texts[:5])  # warm both
         bare_ms, wire_ms = [], []
         bare_cpu = wire_cpu = 0.0
-        for _ in range(args.rounds):  # alternate so load changes hit both sides alike
-            start = time.process_time()
-            bare_ms += timed(bare, texts)
-            bare_cpu += time.process_time() - start
-            start = process_cpu_s(wire.proc.pid)
-            wire_ms += timed(wire, texts)
-            wire_cpu += process_cpu_s(wire.proc.pid) - start
+        for _ in range(args.rounds):
+            for text in texts:  # alternate request by request so load changes hit both sides alike
+                start = time.process_time()
+                bare_ms += timed(bare, [text])
+                bare_cpu += time.process_time() - start
+                start = process_cpu_s(wire.proc.pid)
+                wire_ms += timed(wire, [text])
+                wire_cpu += process_cpu_s(wire.proc.pid) - start
     finally:
         wire.close()
     bare_p50, wire_p50 = statistics.median(bare_ms), statistics.median(wire_ms)

@@ -245,6 +245,10 @@ class BuildRoot:
         stamp = self.stamps / f"{stage}.json"
         return stamp.is_file() and json.loads(stamp.read_text())["digest"] == digest
 
+    def stamp_digest(self, stage: str) -> str:
+        """The recipe digest a completed stage was made with (later stages depend on it)."""
+        return json.loads((self.stamps / f"{stage}.json").read_text())["digest"]
+
     def stamp_info(self, stage: str) -> dict[str, str]:
         """What a completed stage recorded (e.g. the Python source version)."""
         return json.loads((self.stamps / f"{stage}.json").read_text()).get("info", {})
@@ -505,17 +509,26 @@ def collect_licences(root: BuildRoot, bundle: Path, model_dir: Path, log: Path) 
     index.append("CPython-LICENSE.txt: the Python interpreter and standard library")
     site = next((root.path / "build" / "venv" / "lib").glob("python3*/site-packages"))
     for dist_info in sorted(site.glob("*.dist-info")):
-        files = [p for p in dist_info.rglob("*") if p.is_file()
-                 and re.match(r"(LICEN[CS]E|COPYING|NOTICE|AUTHORS)", p.name, re.I)]
         if dist_info.name.startswith(("pip-", "setuptools-", "altgraph-", "packaging-",
                                       "pyinstaller_hooks_contrib-")):
             continue  # build tools: not shipped (PyInstaller's own bootloader licence is kept)
         dist = dist_info.name.removesuffix(".dist-info")
-        for path in files:
-            target = out / dist / path.relative_to(dist_info)
+        # RECORD lists every installed file: licence texts may sit in the package folder too
+        # (onnxruntime/LICENSE, ThirdPartyNotices.txt) or as an SBOM (tokenizers' Rust crates).
+        record = (dist_info / "RECORD").read_text(encoding="utf-8").splitlines()
+        names = [line.split(",")[0] for line in record]
+        wanted = [site / name for name in names
+                  if re.match(r"(LICEN[CS]E|COPYING|NOTICE|ThirdPartyNotices|AUTHORS)", Path(name).name, re.I)
+                  or "/sboms/" in name]
+        for path in wanted:
+            target = out / dist / path.relative_to(site)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, target)
-        index.append(f"{dist}/: Python package (wheel) {', '.join(sorted(p.name for p in files))}")
+        metadata = (dist_info / "METADATA").read_text(encoding="utf-8", errors="replace")
+        declared = re.findall(r"^(License(?:-Expression)?: .*|Classifier: License :: .*)$", metadata, re.M)
+        (out / dist).mkdir(exist_ok=True)
+        (out / dist / "LICENSE-METADATA.txt").write_text("\n".join(declared) + "\n")
+        index.append(f"{dist}/: Python package ({'; '.join(declared) or 'see files'}), {len(wanted)} licence files")
     # Shared libraries PyInstaller copied from the Debian root: ship their Debian copyright.
     packages: set[str] = set()
     for lib in sorted((bundle / "_internal").glob("*.so*")):
@@ -538,6 +551,9 @@ def collect_licences(root: BuildRoot, bundle: Path, model_dir: Path, log: Path) 
         if re.match(r"(LICEN[CS]E|NOTICE)", path.name, re.I):
             shutil.copy(path, out / f"model-{path.name}")
             index.append(f"model-{path.name}: the embedded model")
+    provenance = load_package(model_dir).manifest.provenance  # base model, data sets, their licences
+    (out / "model-provenance.json").write_text(json.dumps(provenance, indent=2, ensure_ascii=False) + "\n")
+    index.append("model-provenance.json: where the embedded model and its training data come from")
     (out / "README.txt").write_text("Licences of what this bundle ships\n\n" + "\n".join(index) + "\n")
     return index
 
@@ -654,19 +670,23 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def bundle_part(relative: tuple[str, ...]) -> str:
+    """Which part of the bundle a file belongs to, for the size report."""
+    if relative[0] != "_internal":
+        return relative[0]  # decide (bootloader + Python code), models, platforms, licenses …
+    if len(relative) > 2:
+        return relative[1] + ("/lib-dynload (stdlib extension modules)" if relative[1].startswith("python3") else "/")
+    if ".so" in relative[1]:
+        return "shared libraries (libpython, libstdc++, libffi …)"
+    return relative[1]
+
+
 def size_report(bundle: Path) -> dict[str, object]:
     """Unpacked size, the 10 largest files and the size of each part of the bundle."""
     files = [p for p in bundle.rglob("*") if p.is_file() and not p.is_symlink()]
     parts: dict[str, int] = {}
     for path in files:
-        relative = path.relative_to(bundle).parts
-        if relative[0] == "_internal" and len(relative) > 2:
-            part = relative[1]  # a package folder: numpy, onnxruntime, numpy.libs …
-        elif relative[0] == "_internal":
-            part = "_internal/" + ("lib-dynload" if relative[1].endswith(".so") and "cpython" in relative[1]
-                                   else "shared libs" if ".so" in relative[1] else relative[1])
-        else:
-            part = relative[0]
+        part = bundle_part(path.relative_to(bundle).parts)
         parts[part] = parts.get(part, 0) + path.stat().st_size
     largest = sorted(files, key=lambda p: p.stat().st_size, reverse=True)[:10]
     return {
@@ -749,14 +769,13 @@ def build(args: argparse.Namespace) -> dict[str, object]:
 
     step(3, f"python: CPython 3.11 compiled in the root ({PYTHON_PREFIX})")
     python_source = ensure_python(root, logs, args.nice)
-    python_digest = json.loads((root.stamps / "python.json").read_text())["digest"]
 
     step(4, "wheels: pinned in requirements-build.txt (+ requirements.txt)")
     pins = read_pins(REPO / "requirements-build.txt")
     wheels = ensure_wheels(arch, pins, args.cache / "wheels" / arch.name, logs)
 
     step(5, "venv: compiled Python + exactly those wheels")
-    ensure_venv(root, wheels, python_digest, logs, args.nice)
+    ensure_venv(root, wheels, root.stamp_digest("python"), logs, args.nice)
 
     step(6, "freeze: PyInstaller onedir (bundle_spec/decide.spec)")
     onedir = freeze(root, logs, args.nice)

@@ -139,12 +139,20 @@ cross_python() {
             | cat - Modules/pyexpat.c > Modules/pyexpat.c.new
         mv Modules/pyexpat.c.new Modules/pyexpat.c
     fi
+    # Debian's cross gcc searches its own glibc 2.36 (libc6-dev-arm64-cross) BEFORE the sysroot,
+    # for headers, crt1.o and libc.so alike: that would raise the floor to 2.34+. So: no default
+    # include dirs, and the root's lib dir first for start files (-B) and libraries (-L).
+    local gcc_include multiarch=$ROOT/usr/lib/aarch64-linux-gnu
+    gcc_include=$(aarch64-linux-gnu-gcc -print-file-name=include)
+    local cc="aarch64-linux-gnu-gcc --sysroot=$ROOT -nostdinc -isystem $gcc_include"
+    cc+=" -isystem $ROOT/usr/include/aarch64-linux-gnu -isystem $ROOT/usr/include"
+    cc+=" -B$multiarch/ -L$multiarch -L$ROOT/lib/aarch64-linux-gnu"
     export PKG_CONFIG_SYSROOT_DIR=$ROOT
     export PKG_CONFIG_LIBDIR=$ROOT/usr/lib/aarch64-linux-gnu/pkgconfig:$ROOT/usr/share/pkgconfig
     ./configure --host=aarch64-linux-gnu --build=x86_64-pc-linux-gnu \
         --with-build-python=/usr/bin/python3.11 \
         --prefix="$PREFIX" --enable-shared --with-ensurepip=no \
-        CC="aarch64-linux-gnu-gcc --sysroot=$ROOT" \
+        CC="$cc" \
         CFLAGS="-include $REPO/bundle_spec/glibc_floor.h" \
         LDFLAGS="-Wl,-rpath,$PREFIX/lib" \
         READELF=aarch64-linux-gnu-readelf \

@@ -117,6 +117,8 @@ async def run_level(where: str, texts: list[str], clients: int, seconds: float, 
         "p99_ms": round(percentile(ordered, 0.99) * 1000, 2) if ordered else None,
         "mean_batch": round(sum(k * v for k, v in batches.items()) / batch_count, 2) if batch_count else None,
         "client_cpu_s": round(client_cpu, 2),
+        # Server CPU per answered request: unlike req/s, barely moved by other processes on the box.
+        "server_cpu_ms_per_request": round((after["cpu_s"] - before["cpu_s"]) * 1000 / max(1, len(latencies)), 2),
         "server_rss_mb": after.get("rss_mb"),
     }
 
@@ -138,12 +140,12 @@ def format_table(rows: list[dict[str, Any]], header: str) -> str:
     """Human-readable table with the speed-up over the 1-client row."""
     base = next((r["throughput_rps"] for r in rows if r["clients"] == 1), None)
     lines = [header, f"{'clients':>7} {'req/s':>8} {'x N=1':>6} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
-                     f"{'batch':>6} {'errors':>6} {'requests':>8} {'cli cpu':>7}"]
+                     f"{'batch':>6} {'errors':>6} {'requests':>8} {'cli cpu':>7} {'srv cpu ms/req':>14}"]
     for r in rows:
         speedup = f"{r['throughput_rps'] / base:.2f}" if base else "-"
         lines.append(f"{r['clients']:>7} {r['throughput_rps']:>8.1f} {speedup:>6} {r['p50_ms']:>7} {r['p95_ms']:>7} "
                      f"{r['p99_ms']:>7} {r['mean_batch']!s:>6} {r['errors']:>6} {r['requests']:>8} "
-                     f"{r['client_cpu_s']:>7}")
+                     f"{r['client_cpu_s']:>7} {r['server_cpu_ms_per_request']:>14}")
     return "\n".join(lines)
 
 

@@ -305,6 +305,7 @@ class ServerStats:
             "latency_window": len(ordered),
             "queue_depth": queue_depth,
             "connections": {"open": connections_open, "total": self.connections_total},
+            "cpu_s": round(sum(os.times()[:2]), 3),  # user + system, all threads of this process
             **memory_usage(),
         }
         if engine is not None:

@@ -152,7 +152,7 @@ def test_uds_concurrent_clients_get_their_own_answers_in_order(uds_server, socke
     assert max(int(size) for size in body["batch_sizes"]) > 1, "requests should share engine calls"
     assert body["errors"] == {"invalid_json": 8 * sum(1 for i in range(60) if i % 7 == 3)}
     assert body["latency_ms"]["p50"] <= body["latency_ms"]["p95"] <= body["latency_ms"]["p99"]
-    assert body["queue_depth"] == 0 and body["rss_mb"] > 0
+    assert body["queue_depth"] == 0 and body["rss_mb"] > 0 and body["cpu_s"] > 0
     code, err = uds_server.stop()
     assert code == 0, err
     assert not path.exists(), "socket file must be removed on exit"

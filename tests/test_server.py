@@ -348,3 +348,19 @@ def test_load_benchmark_reports_every_level(tiny_package_dir):
         assert row["requests"] > 0 and row["errors"] == 0
         assert row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"]
     assert rows[0]["mean_batch"] == 1.0  # one closed-loop client can only ever send batches of one
+
+
+def test_a_lone_client_never_waits_for_the_batch_delay(tiny_package_dir, socket_dir):
+    # With a 1 s gathering delay, a batch-1 client that paid it would need ≥ 1 s per request.
+    server = start(tiny_package_dir, "--socket", str(socket_dir / "s"), "--batch-delay-ms", "1000")
+    try:
+        with server.connect() as sock:
+            answers = sock.makefile("rb")
+            started = time.monotonic()
+            for i in range(10):
+                sock.sendall(json.dumps({"id": i, "text": "rain"}).encode() + b"\n")
+                assert json.loads(answers.readline())["id"] == i
+            assert time.monotonic() - started < 5.0, "serial requests waited for company"
+        assert stats(server)["batch_sizes"] == {"1": 10}
+    finally:
+        server.stop()

@@ -3,7 +3,8 @@
 Texts come from the package's golden set (real multilingual inputs): "short" are the golden
 texts of at most 16 tokens, "long" are golden texts joined to about 128 tokens (capped at the
 model's max length). The extra row "short, fixed pad" runs the same short texts padded to one
-fixed length (128 or the max length) to show what length buckets save.
+fixed length (128 or the max length) to show what length buckets save. "cpu ms/item" is process
+CPU time (all threads) per text: on a shared machine it moves far less with other load than wall time.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
 def measure(call: Callable[[int], None], batch_size: int, seconds: float, min_calls: int = 5) -> dict[str, float]:
     """Time call(i) repeatedly for about `seconds`; latency is per call (= per batch)."""
     latencies: list[float] = []
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     i = 0
     while i < min_calls or time.perf_counter() - start < seconds:
         t0 = time.perf_counter()
@@ -62,6 +63,7 @@ def measure(call: Callable[[int], None], batch_size: int, seconds: float, min_ca
         latencies.append((time.perf_counter() - t0) * 1000)
         i += 1
     total_s = time.perf_counter() - start
+    cpu_s = time.process_time() - start_cpu  # all threads; unlike wall time, not inflated by other load
     ordered = sorted(latencies)
     return {
         "batch": batch_size,
@@ -71,6 +73,7 @@ def measure(call: Callable[[int], None], batch_size: int, seconds: float, min_ca
         "p99_ms": round(percentile(ordered, 99), 3),
         "per_item_ms": round(statistics.median(latencies) / batch_size, 3),
         "items_per_s": round(len(latencies) * batch_size / total_s, 1),
+        "cpu_ms_per_item": round(cpu_s * 1000 / (len(latencies) * batch_size), 3),
     }
 
 
@@ -117,11 +120,13 @@ def format_table(report: dict[str, Any]) -> str:
         f"{report['threads']} threads, buckets {report['buckets']}",
         f"short texts: {report['short_texts']['count']} (≤ {report['short_texts']['max_tokens']} tokens); "
         f"long texts: ~{report['long_texts']['target_tokens']} tokens",
-        f"{'texts':<22}{'batch':>6}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'ms/item':>10}{'items/s':>10}",
+        f"{'texts':<22}{'batch':>6}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'ms/item':>10}{'items/s':>10}"
+        f"{'cpu ms/item':>13}",
     ]
     for row in report["rows"]:
         lines.append(
             f"{row['texts']:<22}{row['batch']:>6}{row['p50_ms']:>10.2f}{row['p95_ms']:>10.2f}"
             f"{row['p99_ms']:>10.2f}{row['per_item_ms']:>10.3f}{row['items_per_s']:>10.1f}"
+            f"{row['cpu_ms_per_item']:>13.3f}"
         )
     return "\n".join(lines)

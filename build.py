@@ -278,11 +278,21 @@ class BuildRoot:
             for target in reversed(done):
                 subprocess.run(["umount", "--lazy", str(target)], check=False)
 
-    def unmount_all(self) -> None:
-        """Undo mounts a killed earlier run may have left inside the root."""
+    def mounts_inside(self) -> list[str]:
+        """Mount points below the root (bind mounts of /proc, /sys, /dev while a step runs)."""
         mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
-        for target in sorted((m for m in mounts if m.startswith(str(self.path) + "/")), reverse=True):
+        return sorted((m for m in mounts if m.startswith(str(self.path) + "/")), reverse=True)
+
+    def unmount_all(self) -> None:
+        """Undo mounts a killed earlier run may have left inside the root.
+
+        Must succeed before the root is deleted: rmtree would otherwise descend into the
+        host's /dev, /proc and /sys through the bind mounts.
+        """
+        for target in self.mounts_inside():
             subprocess.run(["umount", "--lazy", target], check=False)
+        if self.mounts_inside():
+            raise BuildError(f"cannot unmount {self.mounts_inside()}; not deleting {self.path}")
 
     def chroot(self, command: list[str], log: Path, nice: int) -> None:
         """Run a command inside the root (niced: the 2 cores are shared)."""
@@ -528,6 +538,9 @@ def collect_licences(root: BuildRoot, bundle: Path, model_dir: Path, log: Path) 
         declared = re.findall(r"^(License(?:-Expression)?: .*|Classifier: License :: .*)$", metadata, re.M)
         (out / dist).mkdir(exist_ok=True)
         (out / dist / "LICENSE-METADATA.txt").write_text("\n".join(declared) + "\n")
+        if not any("LICEN" in p.name.upper() for p in wanted) and "Apache" in " ".join(declared):
+            # tokenizers' wheel declares Apache-2.0 but carries no text; Apache-2.0 asks for one.
+            shutil.copy(root.path / "usr/share/common-licenses/Apache-2.0", out / dist / "LICENSE-Apache-2.0.txt")
         index.append(f"{dist}/: Python package ({'; '.join(declared) or 'see files'}), {len(wanted)} licence files")
     # Shared libraries PyInstaller copied from the Debian root: ship their Debian copyright.
     packages: set[str] = set()

@@ -474,7 +474,31 @@ def freeze(root: BuildRoot, logs: Path, nice: int) -> Path:
         root.chroot(["/build/venv/bin/pyinstaller", "--noconfirm", "--clean",
                      "--distpath", "/build/dist", "--workpath", "/build/work",
                      "/build/src/bundle_spec/decide.spec"], logs / "pyinstaller.log", nice)
-    return root.path / "build" / "dist" / "decide"
+    onedir = root.path / "build" / "dist" / "decide"
+    strip_binaries(root, onedir, logs / "strip.log", nice)
+    return onedir
+
+
+def strip_binaries(root: BuildRoot, onedir: Path, log: Path, nice: int) -> None:
+    """strip --strip-unneeded the libraries that still carry symbols, with the root's binutils.
+
+    Not PyInstaller's --strip: it also strips auditwheel's vendored libraries (`<pkg>.libs/`,
+    rewritten by patchelf), and numpy's OpenBLAS then fails to load ("ELF load command
+    address/offset not properly aligned"). The executable itself is skipped too: PyInstaller
+    appends its archive to it.
+    """
+    candidates = [p for p in sorted(onedir.rglob("*"))
+                  if p.is_file() and not p.is_symlink() and p != onedir / "decide"
+                  and not any(part.endswith(".libs") for part in p.relative_to(onedir).parts)
+                  and elf_has_symbol_table(p)]
+    if not candidates:
+        note("nothing to strip")
+        return
+    before = sum(p.stat().st_size for p in candidates)
+    root.chroot(["strip", "--strip-unneeded", *(f"/{p.relative_to(root.path)}" for p in candidates)], log, nice)
+    saved = before - sum(p.stat().st_size for p in candidates)
+    note(f"stripped {len(candidates)} libraries: -{saved / 1e6:.1f} MB "
+         f"({', '.join(p.name for p in candidates[:4])}{' …' if len(candidates) > 4 else ''})")
 
 
 def copy_model(model_dir: Path, target: Path) -> dict[str, object]:
@@ -590,14 +614,13 @@ def assemble(onedir: Path, staging: Path, model_dir: Path, root: BuildRoot,
 
 # ----------------------------------------------------------------------------- glibc floor
 
+SHT_SYMTAB = 2
 SHT_GNU_VERNEED = 0x6FFFFFFE
+Section = tuple[int, int, int, int, int, int, int, int, int, int]  # Elf64_Shdr fields
 
 
-def elf_needed_versions(path: Path) -> set[str] | None:
-    """Symbol versions an ELF file needs (GLIBC_2.28, GLIBCXX_3.4.22 …); None if not ELF.
-
-    Reads the .gnu.version_r section directly (64-bit little-endian: x86_64 and aarch64).
-    """
+def read_elf(path: Path) -> tuple[bytes, list[Section]] | None:
+    """File bytes and section headers of a 64-bit little-endian ELF (x86_64, aarch64); None if not ELF."""
     with open(path, "rb") as fh:
         if fh.read(4) != b"\x7fELF":
             return None
@@ -606,7 +629,18 @@ def elf_needed_versions(path: Path) -> set[str] | None:
         raise BuildError(f"{path}: not a 64-bit little-endian ELF")
     (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    return data, [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+
+
+def elf_needed_versions(path: Path) -> set[str] | None:
+    """Symbol versions an ELF file needs (GLIBC_2.28, GLIBCXX_3.4.22 …); None if not ELF.
+
+    Walks the .gnu.version_r section (Elf64_Verneed entries and their Elf64_Vernaux names).
+    """
+    elf = read_elf(path)
+    if elf is None:
+        return None
+    data, sections = elf
     needed: set[str] = set()
     for _name, kind, _flags, _addr, offset, _size, link, count, _align, _entsize in sections:
         if kind != SHT_GNU_VERNEED:
@@ -623,6 +657,12 @@ def elf_needed_versions(path: Path) -> set[str] | None:
                 aux_at += next_aux
             entry += next_entry
     return needed
+
+
+def elf_has_symbol_table(path: Path) -> bool:
+    """True for an ELF file that still carries a full symbol table (i.e. not stripped)."""
+    elf = read_elf(path)
+    return elf is not None and any(section[1] == SHT_SYMTAB for section in elf[1])
 
 
 def version_tuple(text: str) -> tuple[int, ...]:

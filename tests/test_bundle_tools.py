@@ -141,3 +141,15 @@ def test_aarch64_is_refused_clearly(capsys: pytest.CaptureFixture[str]) -> None:
 def test_unknown_arch_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert build.main(["--arch", "sparc64"]) == 2
     assert "unknown --arch" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("strip") is None, reason="strip (binutils) not installed")
+def test_symbol_table_detection_sees_what_strip_removes(tmp_path: Path) -> None:
+    import tokenizers
+
+    library = tmp_path / "tokenizers.so"
+    shutil.copy(next(Path(tokenizers.__file__).parent.glob("tokenizers*.so")), library)
+    assert build.elf_has_symbol_table(library)  # the wheel ships it unstripped
+    subprocess.run(["strip", "--strip-unneeded", str(library)], check=True)
+    assert not build.elf_has_symbol_table(library)
+    assert not build.elf_has_symbol_table(REPO / "build.py")  # not ELF at all

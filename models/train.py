@@ -37,9 +37,20 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def pad_batch(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad to the longest sequence: (input_ids, attention_mask) int64."""
+def pad_batch(sequences: list, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad to the longest sequence: (input_ids, attention_mask) int64.
+
+    Items may also be float [length, hidden] hidden states (cached lower layers): they are
+    zero-padded into [batch, seq, hidden].
+    """
     width = max(len(s) for s in sequences)
+    if isinstance(sequences[0], torch.Tensor):
+        states = torch.zeros((len(sequences), width, sequences[0].shape[1]), dtype=sequences[0].dtype)
+        mask = torch.zeros((len(sequences), width), dtype=torch.long)
+        for row, seq in enumerate(sequences):
+            states[row, : len(seq)] = seq
+            mask[row, : len(seq)] = 1
+        return states, mask
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for row, seq in enumerate(sequences):
@@ -57,7 +68,7 @@ def _batches_by_length(lengths: list[int], batch_size: int, rng: random.Random) 
 
 
 @torch.no_grad()
-def predict_logits(model: nn.Module, sequences: list[list[int]], pad_id: int,
+def predict_logits(model: nn.Module, sequences: list, pad_id: int,
                    batch_size: int = 64) -> np.ndarray:
     """Logits for every sequence, in input order."""
     model.eval()
@@ -90,8 +101,27 @@ def class_weights(labels: np.ndarray, num_labels: int) -> torch.Tensor:
     return torch.tensor(weights / weights.mean(), dtype=torch.float32)
 
 
-def fit(model: nn.Module, train_seqs: list[list[int]], train_labels: np.ndarray,
-        val_seqs: list[list[int]], val_labels: np.ndarray, labels: tuple[str, ...],
+def cache_lower_states(model: nn.Module, sequences: list[list[int]], layers: int, pad_id: int,
+                       batch_size: int = 64, name: str = "lower layers") -> list[torch.Tensor]:
+    """Per-sequence hidden states after the frozen `layers` (computed once, reused every epoch)."""
+    from models.classifier import lower_states
+
+    model.eval()
+    out: list[torch.Tensor | None] = [None] * len(sequences)
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    progress = Progress(name, len(sequences))
+    for start in range(0, len(order), batch_size):
+        index = order[start : start + batch_size]
+        ids, mask = pad_batch([sequences[i] for i in index], pad_id)
+        states = lower_states(model, ids, mask, layers)
+        for row, i in enumerate(index):
+            out[i] = states[row, : len(sequences[i])].clone()
+        progress.advance(len(index))
+    return out  # type: ignore[return-value]
+
+
+def fit(model: nn.Module, train_seqs: list, train_labels: np.ndarray,
+        val_seqs: list, val_labels: np.ndarray, labels: tuple[str, ...],
         config: TrainConfig, pad_id: int, teacher_logits: np.ndarray | None = None,
         name: str = "train") -> dict:
     """Train with early stopping on validation macro-F1; leaves the best weights in `model`."""

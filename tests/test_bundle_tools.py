@@ -153,3 +153,42 @@ def test_symbol_table_detection_sees_what_strip_removes(tmp_path: Path) -> None:
     subprocess.run(["strip", "--strip-unneeded", str(library)], check=True)
     assert not build.elf_has_symbol_table(library)
     assert not build.elf_has_symbol_table(REPO / "build.py")  # not ELF at all
+
+
+def test_model_copy_takes_exactly_the_manifest_files(tiny_package_dir: Path, tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    shutil.copytree(tiny_package_dir, source)
+    (source / "training-log.txt").write_text("not part of the package")
+
+    summary = build.copy_model(source, tmp_path / "bundle" / "model")
+
+    copied = sorted(p.name for p in (tmp_path / "bundle" / "model").iterdir())
+    assert "training-log.txt" not in copied
+    assert "manifest.json" in copied and "tokenizer.json" in copied
+    assert {v["precision"] for v in summary["variants"].values()} == {"fp32", "int8"}
+    assert all(oct(p.stat().st_mode & 0o777) == "0o644" for p in (tmp_path / "bundle" / "model").iterdir())
+
+
+def test_model_without_an_int8_variant_is_refused(tiny_package_dir: Path, tmp_path: Path) -> None:
+    import dataclasses
+
+    from runtime.package import load_package, write_manifest
+
+    source = tmp_path / "source"
+    shutil.copytree(tiny_package_dir, source)
+    manifest = load_package(source).manifest
+    fp32_only = {name: v for name, v in manifest.variants.items() if v.precision == "fp32"}
+    write_manifest(source, dataclasses.replace(manifest, variants=fp32_only))
+
+    with pytest.raises(build.BuildError, match="int8"):
+        build.copy_model(source, tmp_path / "bundle" / "model")
+
+
+def test_model_with_a_changed_file_is_refused(tiny_package_dir: Path, tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    shutil.copytree(tiny_package_dir, source)
+    golden = source / "golden.jsonl"
+    golden.write_text(golden.read_text().replace("rain", "snow", 1))
+
+    with pytest.raises(build.BuildError, match="checksum"):
+        build.copy_model(source, tmp_path / "bundle" / "model")

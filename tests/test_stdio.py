@@ -7,6 +7,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,28 @@ def test_every_error_code_on_the_wire_then_the_next_line_is_answered(tiny_packag
     for (code, _), error, ok in zip(bad.items(), responses[::2], responses[1::2]):
         assert error["error"]["code"] == code
         assert ok["id"] == f"after-{code}" and ok["label"] == "sports"
+
+
+def test_sigterm_during_bulk_leaves_complete_lines_in_order(tiny_package_dir):
+    proc = start(tiny_package_dir, "--ready")
+    read_line(proc)
+    lines = b"".join(json.dumps({"id": i, "text": "rain goal server " * 3}).encode() + b"\n" for i in range(3000))
+
+    def feed() -> None:  # a thread: the pipes are smaller than the input and the output
+        try:
+            proc.stdin.write(lines)
+            proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # the server stopped reading, as asked
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    first = read_line(proc)  # serving is under way
+    proc.send_signal(signal.SIGTERM)  # stdin stays open: only the signal can end it
+    out = first + proc.stdout.read()
+    proc.wait(timeout=60)
+    err = proc.stderr.read()
+    assert proc.returncode == 0, err
+    responses = [json.loads(line) for line in out.splitlines()]  # every line is whole JSON
+    assert [r["id"] for r in responses] == list(range(len(responses)))  # a prefix, in order
+    assert len(responses) < 3000 and b"Traceback" not in err

@@ -284,7 +284,7 @@ def publish(recipe: Recipe, prepared: Prepared, model: TextClassifier, steps: di
     for name, path in paths.items():
         log(f"evaluating {name} with onnxruntime on {len(test_seqs)} held-out examples")
         session = ort_session(path)
-        probs[name] = softmax(ort_logits(session, test_seqs, pad_id))
+        probs[name] = softmax(ort_logits(session, test_seqs, pad_id, name=f"evaluate {name}"))
         result = metrics_by_language(y_test, probs[name].argmax(1), languages, labels)
         median_seq = sorted(test_seqs, key=len)[len(test_seqs) // 2]
         evaluated[name] = {
@@ -301,7 +301,7 @@ def publish(recipe: Recipe, prepared: Prepared, model: TextClassifier, steps: di
     y_heldout = np.concatenate([label_ids(splits.val, labels), y_test])
     heldout = {}
     for name, path in paths.items():
-        val_pred = ort_logits(ort_session(path), val_seqs, pad_id).argmax(1)
+        val_pred = ort_logits(ort_session(path), val_seqs, pad_id, name=f"validate {name}").argmax(1)
         heldout[name] = classification_metrics(y_heldout, np.concatenate([val_pred, probs[name].argmax(1)]), labels)
     published = ["fp32"]
     rejected = {}
@@ -425,8 +425,3 @@ def build(recipe: Recipe, out_dir: Path, reuse: bool = True) -> Manifest:
     manifest = publish(recipe, prepared, model, steps, out_dir, started)
     log(f"done in {time.monotonic() - started:.0f}s: variants {', '.join(manifest.variants)}")
     return manifest
-
-
-def with_overrides(recipe: Recipe, **changes: object) -> Recipe:
-    """A copy of the recipe with some fields replaced (tests, quick builds)."""
-    return replace(recipe, **changes)

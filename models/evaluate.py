@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from models.progress import Progress
+
 
 def ort_session(path: Path, threads: int = 1) -> ort.InferenceSession:
     """A CPU session with the portable (EXTENDED) optimization level the runtime uses."""
@@ -31,10 +33,11 @@ def pad_numpy(sequences: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.n
 
 
 def ort_logits(session: ort.InferenceSession, sequences: list[list[int]], pad_id: int,
-               batch_size: int = 32) -> np.ndarray:
+               batch_size: int = 32, name: str = "onnxruntime") -> np.ndarray:
     """Logits for every sequence (batched by length), in input order."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     out: np.ndarray | None = None
+    progress = Progress(name, len(sequences))
     for start in range(0, len(order), batch_size):
         index = order[start : start + batch_size]
         ids, mask = pad_numpy([sequences[i] for i in index], pad_id)
@@ -42,6 +45,7 @@ def ort_logits(session: ort.InferenceSession, sequences: list[list[int]], pad_id
         if out is None:
             out = np.zeros((len(sequences), logits.shape[1]), dtype=np.float32)
         out[index] = logits
+        progress.advance(len(index))
     return out if out is not None else np.zeros((0, 0), dtype=np.float32)
 
 

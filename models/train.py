@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,10 +76,12 @@ def predict_logits(model: nn.Module, sequences: list, pad_id: int,
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     out = np.zeros((len(sequences), 0), dtype=np.float32)
     chunks = []
+    progress = Progress("predict", len(sequences), every_s=15.0)
     for start in range(0, len(order), batch_size):
         index = order[start : start + batch_size]
         ids, mask = pad_batch([sequences[i] for i in index], pad_id)
         chunks.append((index, model(ids, mask).float().numpy()))
+        progress.advance(len(index))
     if chunks:
         out = np.zeros((len(sequences), chunks[0][1].shape[1]), dtype=np.float32)
         for index, logits in chunks:
@@ -146,6 +149,7 @@ def fit(model: nn.Module, train_seqs: list, train_labels: np.ndarray,
     lengths = [len(s) for s in train_seqs]
     best_f1, best_state, best_epoch, stale, step = -1.0, None, 0, 0, 0
     progress = Progress(name, total_steps)
+    started = time.monotonic()
     history = []
     for epoch in range(1, config.epochs + 1):
         model.train()
@@ -184,4 +188,5 @@ def fit(model: nn.Module, train_seqs: list, train_labels: np.ndarray,
     if best_state is not None:
         model.load_state_dict(best_state)
     model.eval()
-    return {"best_epoch": best_epoch, "best_val_macro_f1": round(best_f1, 4), "history": history}
+    return {"best_epoch": best_epoch, "best_val_macro_f1": round(best_f1, 4), "history": history,
+            "seconds": round(time.monotonic() - started, 1)}

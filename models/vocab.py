@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import functools
 import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
@@ -23,6 +24,7 @@ from tokenizers import Tokenizer
 METASPACE = "\u2581"
 
 
+@functools.lru_cache(maxsize=None)
 def char_script(char: str) -> str | None:
     """Script of a letter or mark (first word of its Unicode name, 'CJK' for ideographs); None otherwise."""
     if not unicodedata.category(char).startswith(("L", "M")):
@@ -55,7 +57,8 @@ def select_pieces(tokenizer_json: dict, train_texts: list[str], budget: int) -> 
     tokenizer = Tokenizer.from_str(json.dumps(tokenizer_json))
     scripts = text_scripts(train_texts)
     keep = {token["id"] for token in tokenizer_json.get("added_tokens", []) if token["special"]}
-    keep.discard(len(vocab) - 1) if vocab[-1][0] == "<mask>" else None  # no masked-LM use
+    if vocab[-1][0] == "<mask>":
+        keep.discard(len(vocab) - 1)  # a classifier never sees the masked-LM token
     keep |= {i for i, (piece, _) in enumerate(vocab)
              if len(piece_chars(piece)) == 1 and piece_fits(piece, scripts)}
     for encoding in tokenizer.encode_batch(train_texts, add_special_tokens=False):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -76,11 +77,10 @@ def test_tiny_factory_run_produces_a_loadable_package(tmp_path, monkeypatch):
     from models.train import TrainConfig
 
     monkeypatch.setenv("DECIDE_FACTORY_CACHE", str(tmp_path / "cache"))
-    recipe = TOPICS_MULTILINGUAL.__class__(
-        **{**TOPICS_MULTILINGUAL.__dict__,
-           "name": "tiny-topics", "version": "0.0.1", "teacher": None, "student_layers": (0,),
-           "vocab_budget": 3000, "train_subset": 96, "golden_count": 6,
-           "student": TrainConfig(epochs=1, batch_size=16, max_steps=4, lr=1e-4, head_lr=1e-3)})
+    recipe = replace(
+        TOPICS_MULTILINGUAL, name="tiny-topics", version="0.0.1", teacher=None, student_layers=(0,),
+        vocab_budget=3000, train_subset=96, golden_count=6,
+        student=TrainConfig(epochs=1, batch_size=16, max_steps=4, lr=1e-4, head_lr=1e-3))
     out = tmp_path / "tiny-topics"
     manifest = build(recipe, out, reuse=False)
 

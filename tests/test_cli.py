@@ -130,3 +130,10 @@ def test_threads_flag_reaches_the_engine(tiny_package_dir):
     result = decide("--model", str(tiny_package_dir), "--threads", "1", stdin=b'{"op": "info"}\n')
     info = json.loads(result.stdout)
     assert info["threads"] == 1 and info["tier"] and info["buckets"][-1] == 24
+
+
+def test_embedding_example_runs_against_a_package(tiny_package_dir):
+    result = subprocess.run([sys.executable, "examples/embed.py", "--model", str(tiny_package_dir), "rain and snow",
+                             "Pumpe 3: Vibration über Grenzwert"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert [line.split()[0] for line in result.stdout.splitlines()] == ["weather", "tech"]

@@ -121,6 +121,8 @@ def parse_line(line: bytes | LineTooLong, limits: Limits = Limits()) -> Request 
         text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
         return ErrorReply(None, INVALID_UTF8, f"line is not valid UTF-8 (byte {exc.start})")
+    if text.startswith("\ufeff"):
+        text = text[1:]  # a UTF-8 byte order mark (files saved by some Windows editors) is not data
     if not text.strip():
         return None
     try:

@@ -60,6 +60,7 @@ def test_valid_requests_parse():
     assert parse_line(b'{"texts": ["a", "b"]}') == ClassifyRequest(None, ("a", "b"), False)
     assert parse_line(b'{"id": true, "op": "stats"}') == ControlRequest(True, "stats")
     assert parse_line(b"   ") is None  # blank lines are skipped
+    assert parse_line('\ufeff{"id": 1, "text": "x"}'.encode()) == ClassifyRequest(1, ("x",), True)  # BOM
 
 
 def test_encode_line_is_one_utf8_line():

@@ -6,6 +6,7 @@ line), so it includes the socket, batching delay and queueing. N=1 is serial bat
 the ratio of each row's throughput to it shows what cross-connection micro-batching buys.
 
     python3 benchmarks/load.py                                  # starts its own server, default model
+    python3 benchmarks/load.py --clients 1,16 --seconds 20 --rounds 10      # interleaved: fair on a busy box
     python3 benchmarks/load.py --clients 1,4,16 --seconds 5 --server-args="--batch-delay-ms 0"
     python3 benchmarks/load.py --socket /run/decide.sock        # an already running server
 
@@ -26,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -90,37 +93,67 @@ async def client(where: str, texts: list[str], offset: int, stop_at: float, meas
         writer.close()
 
 
-async def run_level(where: str, texts: list[str], clients: int, seconds: float, warm_s: float) -> dict[str, Any]:
-    """One row: N clients for warm_s (not measured) + seconds (measured)."""
+@dataclass
+class Measurement:
+    """Raw results of one or more measured slices at one client count."""
+
+    clients: int
+    latencies: list[float] = field(default_factory=list)
+    errors: int = 0
+    seconds: float = 0.0
+    batches: Counter[int] = field(default_factory=Counter)
+    server_cpu_s: float = 0.0
+    client_cpu_s: float = 0.0
+    server_rss_mb: float | None = None
+
+
+async def measure_slice(where: str, texts: list[str], into: Measurement, seconds: float, warm_s: float) -> None:
+    """N clients for warm_s (not measured) + seconds (measured), added to `into`."""
     before = await request(where, {"id": "before", "op": "stats"})
-    start = time.perf_counter()
-    measure_from = start + warm_s
+    measure_from = time.perf_counter() + warm_s
     stop_at = measure_from + seconds
-    latencies: list[float] = []
     errors: list[str] = []
     cpu_before = time.process_time()
-    await asyncio.gather(*(client(where, texts, c * 7919, stop_at, measure_from, latencies, errors)
-                           for c in range(clients)))
-    client_cpu = time.process_time() - cpu_before
-    elapsed = time.perf_counter() - measure_from
+    await asyncio.gather(*(client(where, texts, c * 7919, stop_at, measure_from, into.latencies, errors)
+                           for c in range(into.clients)))
+    into.client_cpu_s += time.process_time() - cpu_before
+    into.seconds += time.perf_counter() - measure_from
     after = await request(where, {"id": "after", "op": "stats"})
-    batches = {int(k): v - before["batch_sizes"].get(k, 0) for k, v in after["batch_sizes"].items()}
-    batch_count = sum(batches.values())
-    ordered = sorted(latencies)
+    into.errors += len(errors)
+    into.batches.update({int(k): v - before["batch_sizes"].get(k, 0) for k, v in after["batch_sizes"].items()})
+    into.server_cpu_s += after["cpu_s"] - before["cpu_s"]
+    into.server_rss_mb = after.get("rss_mb")
+
+
+def summarize(m: Measurement) -> dict[str, Any]:
+    """One table row from the raw measurement."""
+    ordered = sorted(m.latencies)
+    batch_count = sum(m.batches.values())
     return {
-        "clients": clients,
-        "requests": len(latencies),
-        "errors": len(errors),
-        "throughput_rps": round(len(latencies) / elapsed, 1),
+        "clients": m.clients,
+        "requests": len(ordered),
+        "errors": m.errors,
+        "throughput_rps": round(len(ordered) / m.seconds, 1),
         "p50_ms": round(percentile(ordered, 0.50) * 1000, 2) if ordered else None,
         "p95_ms": round(percentile(ordered, 0.95) * 1000, 2) if ordered else None,
         "p99_ms": round(percentile(ordered, 0.99) * 1000, 2) if ordered else None,
-        "mean_batch": round(sum(k * v for k, v in batches.items()) / batch_count, 2) if batch_count else None,
-        "client_cpu_s": round(client_cpu, 2),
+        "mean_batch": round(sum(k * v for k, v in m.batches.items()) / batch_count, 2) if batch_count else None,
+        "client_cpu_s": round(m.client_cpu_s, 2),
         # Server CPU per answered request: unlike req/s, barely moved by other processes on the box.
-        "server_cpu_ms_per_request": round((after["cpu_s"] - before["cpu_s"]) * 1000 / max(1, len(latencies)), 2),
-        "server_rss_mb": after.get("rss_mb"),
+        "server_cpu_ms_per_request": round(m.server_cpu_s * 1000 / max(1, len(ordered)), 2),
+        "server_rss_mb": m.server_rss_mb,
     }
+
+
+async def run_levels(where: str, texts: list[str], levels: list[int], seconds: float, warm_s: float,
+                     rounds: int) -> list[dict[str, Any]]:
+    """Every level for `seconds`, split into `rounds` interleaved slices (1,2,…,16,1,2,…) so that
+    load from other processes on a shared box hits every level alike."""
+    measurements = [Measurement(n) for n in levels]
+    for _ in range(rounds):
+        for m in measurements:
+            await measure_slice(where, texts, m, seconds / rounds, warm_s)
+    return [summarize(m) for m in measurements]
 
 
 def start_server(model: Path, extra: list[str], directory: str) -> tuple[subprocess.Popen, dict[str, Any]]:
@@ -158,7 +191,9 @@ def main() -> int:
     parser.add_argument("--server-args", default="", help="extra `decide serve` options for the server it starts")
     parser.add_argument("--clients", default="1,2,4,8,16", help="comma-separated client counts")
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per level")
-    parser.add_argument("--warm", type=float, default=1.0, help="unmeasured seconds before each level")
+    parser.add_argument("--warm", type=float, default=0.5, help="unmeasured seconds before each slice")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="split each level's time into this many interleaved slices (fairer on a busy box)")
     parser.add_argument("--texts", type=Path, help="JSON lines with a text field (default: the golden set)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args()
@@ -179,11 +214,11 @@ def main() -> int:
         if texts is None:
             raise SystemExit("--texts is required with --socket/--tcp")
         info = asyncio.run(request(where, {"id": "info", "op": "info"}))
-        rows = [asyncio.run(run_level(where, texts, n, args.seconds, args.warm)) for n in levels]
+        rows = asyncio.run(run_levels(where, texts, levels, args.seconds, args.warm, args.rounds))
 
     header = (f"model {info['model']['name']} {info['model']['version']}, variant {info['variant']}, "
               f"{info['threads']} threads, server {info['server']}, {len(texts)} texts cycled, "
-              f"{args.seconds:g} s per level, {os.cpu_count()} CPUs, load average before/after "
+              f"{args.seconds:g} s per level in {args.rounds} interleaved round(s), {os.cpu_count()} CPUs, load average before/after "
               f"{load_before:.2f}/{os.getloadavg()[0]:.2f} (other processes share these cores)")
     if args.json:
         print(json.dumps({"info": info, "load_average": [load_before, os.getloadavg()[0]], "rows": rows}, indent=2))

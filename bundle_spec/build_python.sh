@@ -37,11 +37,13 @@ if grep -q pycore_ceval.h Modules/pyexpat.c; then
     mv Modules/pyexpat.c.new Modules/pyexpat.c
 fi
 
+# No test suite (a third of `make install`'s time) and no pip in the prefix: `python -m venv`
+# bootstraps pip into the build venv from the ensurepip package, which is still installed.
 # Keep the glibc floor down: bind exp/log/pow to their pre-2.29 symbol versions and do not
 # use sem_clockwait (glibc 2.30; Python falls back to sem_timedwait). CFLAGS, not CPPFLAGS:
 # configure greps the preprocessor's output of CPPFLAGS to find the platform triplet.
 echo "[python] configure"
-./configure --prefix="$PREFIX" --enable-shared --with-ensurepip=install \
+./configure --prefix="$PREFIX" --enable-shared --with-ensurepip=no --disable-test-modules \
     LDFLAGS="-Wl,-rpath,$PREFIX/lib" \
     CFLAGS="-include /build/spec/glibc_floor.h" \
     ac_cv_func_sem_clockwait=no \

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import select
@@ -39,10 +40,24 @@ MAX_BATCH_LINES = 256  # lines answered per engine call at most
 STOP_POLL_S = 0.2  # how often an idle server checks for SIGTERM/SIGINT
 
 
+def ensure_std_fds() -> None:
+    """Open /dev/null on any of fds 0–2 that is closed (`decide <&-`): otherwise the next file
+    opened (the model!) would get fd 0 and be read as requests."""
+    for fd, mode in ((0, os.O_RDONLY), (1, os.O_WRONLY), (2, os.O_WRONLY)):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, mode)
+            if opened != fd:
+                os.dup2(opened, fd)
+                os.close(opened)
+
+
 def protect_stdout() -> int:
     """Keep fd 1 for the protocol (returned as a new fd) and send everything else on fd 1 to stderr."""
+    ensure_std_fds()
     sys.stdout.flush()
-    wire = os.dup(1)
+    wire = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)  # ≥ 3: never one of the standard fds
     os.dup2(2, 1)
     return wire
 
@@ -114,7 +129,13 @@ class _Input:
         self.eof = False
 
     def readable(self, timeout: float) -> bool:
-        return bool(select.select([self.fd], [], [], timeout)[0])
+        """True if a read would not block (data or EOF); a closed/invalid fd counts as EOF."""
+        try:
+            return bool(select.select([self.fd], [], [], timeout)[0])
+        except (OSError, ValueError) as exc:  # e.g. started with stdin closed (`decide <&-`)
+            log.warning("cannot read stdin (%s); treating as end of input", exc)
+            self.eof = True
+            return False
 
     def read_into(self, lines: deque) -> None:
         """One read; lines completed by it are appended."""
@@ -151,7 +172,7 @@ def serve(service: Service, wire: int, ready: bool = False, input_fd: int = 0,
         while not stop:
             if not lines and not source.eof:
                 if not source.readable(STOP_POLL_S):
-                    continue  # idle: check for a stop request
+                    continue  # idle (or input gone): check for a stop request or EOF
                 source.read_into(lines)
             # Read ahead: whatever else already arrived joins this batch.
             while not source.eof and len(lines) < max_batch_lines and source.readable(0):

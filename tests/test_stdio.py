@@ -199,3 +199,12 @@ def test_sigterm_during_bulk_leaves_complete_lines_in_order(tiny_package_dir):
     responses = [json.loads(line) for line in out.splitlines()]  # every line is whole JSON
     assert [r["id"] for r in responses] == list(range(len(responses)))  # a prefix, in order
     assert len(responses) < 3000 and b"Traceback" not in err
+
+
+def test_closed_stdin_is_end_of_input(tiny_package_dir):
+    proc = subprocess.Popen([sys.executable, "-m", "runtime", "--model", str(tiny_package_dir), "--ready"],
+                            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: os.close(0))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert [json.loads(line)["event"] for line in out.splitlines()] == ["ready"]

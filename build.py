@@ -278,31 +278,36 @@ class BuildRoot:
             for target in reversed(done):
                 subprocess.run(["umount", "--lazy", str(target)], check=False)
 
-    def mounts_inside(self) -> list[str]:
-        """Mount points below the root (bind mounts of /proc, /sys, /dev while a step runs)."""
-        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
-        return sorted((m for m in mounts if m.startswith(str(self.path) + "/")), reverse=True)
-
     def unmount_all(self) -> None:
-        """Undo mounts a killed earlier run may have left inside the root.
-
-        Must succeed before the root is deleted: rmtree would otherwise descend into the
-        host's /dev, /proc and /sys through the bind mounts.
-        """
-        for target in self.mounts_inside():
-            subprocess.run(["umount", "--lazy", target], check=False)
-        if self.mounts_inside():
-            raise BuildError(f"cannot unmount {self.mounts_inside()}; not deleting {self.path}")
+        """Undo mounts a killed earlier run may have left inside the root."""
+        unmount_below(self.path)
 
     def chroot(self, command: list[str], log: Path, nice: int) -> None:
         """Run a command inside the root (niced: the 2 cores are shared)."""
         run(["nice", "-n", str(nice), "chroot", str(self.path), *command], log=log, env=CHROOT_ENV)
 
 
+def unmount_below(path: Path) -> None:
+    """Unmount everything mounted below `path`; raise if anything stays mounted.
+
+    Must succeed before a root is deleted: rmtree would otherwise descend into the host's
+    /dev, /proc and /sys through the bind mounts (ours, or debootstrap's if it was killed).
+    """
+    def mounts() -> list[str]:
+        points = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+        return sorted((m for m in points if m.startswith(f"{path}/")), reverse=True)
+
+    for target in mounts():
+        subprocess.run(["umount", "--lazy", target], check=False)
+    if mounts():
+        raise BuildError(f"cannot unmount {mounts()}; not deleting {path}")
+
+
 def make_root(root: BuildRoot, suite: str, mirror: str, log: Path, nice: int) -> None:
     """debootstrap a minimal `suite` root into root.path (replacing any previous one)."""
-    root.unmount_all()
     partial = root.path.with_name(root.path.name + ".partial")
+    root.unmount_all()
+    unmount_below(partial)
     shutil.rmtree(partial, ignore_errors=True)
     shutil.rmtree(root.path, ignore_errors=True)
     root.clear_stamps()
@@ -397,7 +402,7 @@ def ensure_python(root: BuildRoot, logs: Path, nice: int) -> str:
     shutil.rmtree(root.path / PYTHON_PREFIX.lstrip("/"), ignore_errors=True)
     with root.mounted():
         version = fetch_python_source(root, logs / "python.log", nice)
-        note("compiling CPython (about 3-6 minutes on 2 shared cores)")
+        note("compiling CPython (about 5 minutes on 2 idle cores; 11-16 on a busy machine)")
         root.chroot(["sh", "/build/spec/build_python.sh", "/build/pysrc", PYTHON_PREFIX],
                     logs / "python.log", nice)
     shutil.rmtree(root.path / "build" / "cpython", ignore_errors=True)  # 500 MB of objects

@@ -192,3 +192,16 @@ def test_model_with_a_changed_file_is_refused(tiny_package_dir: Path, tmp_path: 
 
     with pytest.raises(build.BuildError, match="checksum"):
         build.copy_model(source, tmp_path / "bundle" / "model")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root")
+def test_mounts_below_a_root_are_undone_before_it_is_deleted(tmp_path: Path) -> None:
+    inside = tmp_path / "root" / "proc"
+    inside.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(inside)], check=True)
+    try:
+        build.unmount_below(tmp_path / "root")
+        assert not os.path.ismount(inside)
+    finally:
+        if os.path.ismount(inside):
+            subprocess.run(["umount", str(inside)], check=False)

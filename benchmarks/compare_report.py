@@ -1,0 +1,183 @@
+"""Write the comparison (a report dict from benchmarks/compare.py) as Markdown, JSON and a PNG plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+MB = 1024
+
+
+def _mb(kb: int | None) -> str:
+    return "–" if kb is None else f"{kb / MB:.0f}"
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def speed_table(report: dict[str, Any], kind: str) -> list[str]:
+    """Latency at batch 1 and throughput per batch size for one text set."""
+    batches = report["settings"]["batches"]
+    head = ["system", "p50 ms", "p95 ms", "p99 ms", *[f"items/s b{b}" for b in batches], "CPU ms/item b1",
+            f"CPU ms/item b{batches[-1]}"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in report["rows"]:
+        if row["skipped"]:
+            continue
+        one = row["cells"][f"{kind}/1"] if f"{kind}/1" in row["cells"] else None
+        cells = [row["system"], _num(one and one["p50_ms"], 2), _num(one and one["p95_ms"], 2),
+                 _num(one and one["p99_ms"], 2)]
+        cells += [_num(row["cells"][f"{kind}/{b}"]["items_per_s"]) for b in batches]
+        cells.append(_num(one and one["cpu_ms_per_item"], 2))
+        cells.append(_num(row["cells"][f"{kind}/{batches[-1]}"]["cpu_ms_per_item"], 2))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def ratio_table(report: dict[str, Any], against: str) -> list[str]:
+    """Throughput of each row over `against`, per text set and batch size (median of round ratios)."""
+    batches = report["settings"]["batches"]
+    kinds = list(report["texts"])
+    index = {(r["a"], r["texts"], r["batch"]): r["throughput_ratio"] for r in report["ratios"] if r["b"] == against}
+    if not index:
+        return []
+    head = ["system", *[f"{k} b{b}" for k in kinds for b in batches]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in report["rows"]:
+        if row["skipped"] or row["system"] == against:
+            continue
+        values = [index.get((row["system"], k, b)) for k in kinds for b in batches]
+        if any(v is not None for v in values):
+            lines.append("| " + " | ".join([row["system"], *[_num(v, 2) + "×" if v else "–" for v in values]]) + " |")
+    return lines
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The whole comparison as a Markdown page."""
+    model, cpu, versions = report["model"], report["cpu"], report["versions"]
+    texts = report["texts"]
+    lines = [
+        f"# decide vs the alternatives: {model['name']} {model['version']}",
+        "",
+        f"Generated {report['date_utc']} UTC by `{report['command']}` in {report['run_seconds']:.0f} s.",
+        "",
+        f"- CPU: {cpu['model'] or cpu['arch']} ({cpu['arch']}), {cpu['usable_cores']} usable cores; the ORT "
+        f"contenders and decide use {report['threads']} threads, PyTorch {report['torch_threads']} (its fastest "
+        f"setting on this busy box). decide's tier: {report['decide_choice']['tier']}, "
+        f"variant {report['decide_choice']['variant']}.",
+        f"- CPU flags ({cpu['source']}): {' '.join(cpu['flags'])}",
+        "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + f", decide {report['decide_version']}",
+        f"- Load average (1 min) at the end: {report['load_avg_1min_end']} on {cpu['usable_cores']} cores: the "
+        "machine is shared, so figures are medians of interleaved rounds "
+        f"({report['settings']['rounds']} rounds × {report['settings']['seconds']} s per system and cell, "
+        "system order rotated each round) and ratios are medians of per-round ratios.",
+        f"- Texts (from the package's golden set): short {texts['short']['count']} texts, "
+        f"{texts['short']['min']}–{texts['short']['max']} tokens (median {texts['short']['median']}); "
+        f"medium {texts['medium']['count']} texts, {texts['medium']['min']}–{texts['medium']['max']} tokens "
+        f"(median {texts['medium']['median']}).",
+        "",
+        "Contenders: **PyTorch eager** = transformers tokenizer + the fine-tuned PyTorch model, FP32, padding "
+        "to the longest text of a batch; **bare ORT** = a plain onnxruntime script on the package's ONNX file "
+        "(benchmarks/protocol_overhead.py's BareLoop; batches padded to the longest text, as fastembed does); "
+        "**fixed-128 ORT** = the same session with every input padded to 128 tokens (julia-1 article §3.1); "
+        "**decide in-process** = runtime.engine as `decide` builds it; **decide stdin** = `python -m runtime` "
+        "over pipes (batch n = n request lines written at once; latency measured by the client); "
+        "**decide frozen** = the PyInstaller binary from the bundle zip, same way.",
+        "",
+        "## Targets",
+        "",
+        "| target | goal | measured | verdict | how |",
+        "|---|---|---|---|---|",
+    ]
+    for t in report["targets"]:
+        lines.append(f"| {t['target']} | {t['goal']} | {t['measured'] if t['measured'] is not None else '–'} | "
+                     f"{t['verdict']} | {t['how']} |")
+    for kind in texts:
+        lines += ["", f"## {kind.capitalize()} texts: latency at batch 1, throughput per batch size", "",
+                  *speed_table(report, kind)]
+    torch_rows = [r["system"] for r in report["rows"] if r["system"].startswith("PyTorch") and not r["skipped"]]
+    if torch_rows:
+        lines += ["", f"## Throughput relative to {torch_rows[0]}", "", *ratio_table(report, torch_rows[0])]
+    lines += ["", "## Memory, start-up, same answers", "",
+              "| system | load + warm-up s | RSS after warm-up MB | peak RSS MB | cold exec → first answer ms "
+              "(median) | argmax agreement | max abs Δp |",
+              "|---|---|---|---|---|---|---|"]
+    for row in report["rows"]:
+        if row["skipped"]:
+            continue
+        cold, agree = row.get("cold_first_answer") or {}, row.get("agreement") or {}
+        lines.append(f"| {row['system']} | {row['load_s']:.2f} | {_mb(row['rss_after_warm_up_kb'])} | "
+                     f"{_mb(row['peak_rss_kb'])} | {_num(cold.get('median_ms'), 0)} | "
+                     f"{agree.get('argmax_agree', '–')} | {agree.get('max_abs_dp', '–')} |")
+    lines += ["", f"Agreement is against {report['agreement_reference']} on all short and medium texts. "
+              "RSS of decide stdin/frozen is decide's own process tree; in-process rows are a worker process "
+              "each (Python + the contender's libraries)."]
+    leak = report["slow_leak"]
+    lines += ["", "## RSS over many requests through stdin", ""]
+    if "samples" in leak:
+        lines += [f"{leak['system']}, {leak['requests']} requests piped in (every text distinct, one in 100 "
+                  f"medium), {leak['per_s']:.0f} requests/s: RSS grew {leak['growth_vs_warm_up_pct']:+.2f}% "
+                  f"from after warm-up, {leak['growth_vs_1k_pct']:+.2f}% from after the first 1000.", "",
+                  "| answered | RSS MB | peak RSS MB |", "|---|---|---|"]
+        lines += [f"| {s['answered']} | {s['rss_kb'] / MB:.1f} | {s['peak_rss_kb'] / MB:.1f} |" for s in leak["samples"]]
+    else:
+        lines.append(f"Not measured: {leak.get('skipped')}")
+    skipped = [r for r in report["rows"] if r["skipped"]]
+    if skipped:
+        lines += ["", "## Rows not measured", ""]
+        lines += [f"- {r['system']}: {r['skipped']}" for r in skipped]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Latency per call vs batch size (per text set) and throughput per system at batch 1 and 32."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = list(report["texts"])
+    batches = report["settings"]["batches"]
+    rows = [r for r in report["rows"] if not r["skipped"]]
+    fig, axes = plt.subplots(2, len(kinds), figsize=(7 * len(kinds), 10), squeeze=False)
+    for col, kind in enumerate(kinds):
+        ax = axes[0][col]
+        for row in rows:
+            ax.plot(batches, [row["cells"][f"{kind}/{b}"]["p50_ms"] for b in batches], marker="o",
+                    linestyle="--" if row["system"].endswith("fp32") else "-", label=row["system"])
+        ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="p50 latency per call, ms",
+               title=f"{kind} texts ({report['texts'][kind]['min']}–{report['texts'][kind]['max']} tokens)")
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.grid(True, which="both", alpha=0.3)
+        ax = axes[1][col]
+        shown = [b for b in (batches[0], batches[-1])]
+        width = 0.8 / len(shown)
+        for i, batch in enumerate(shown):
+            values = [row["cells"][f"{kind}/{batch}"]["items_per_s"] for row in rows]
+            ax.barh([y + i * width for y in range(len(rows))], values, height=width, label=f"batch {batch}")
+        ax.set_yticks([y + width * (len(shown) - 1) / 2 for y in range(len(rows))], [r["system"] for r in rows])
+        ax.invert_yaxis()
+        ax.set(xlabel="texts per second (median of rounds)", title=f"throughput, {kind} texts")
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.legend()
+    axes[0][0].legend(fontsize=8)
+    cpu = report["cpu"]
+    fig.suptitle(f"{report['model']['name']} {report['model']['version']} on {cpu['model'] or cpu['arch']}, "
+                 f"{report['threads']} threads, {report['date_utc']} UTC")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write_results(report: dict[str, Any], out: Path, plot_png: bool = True) -> list[Path]:
+    """compare.md, compare.json and (unless disabled) compare.png in `out`; returns the paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "compare.md", out / "compare.json"]
+    paths[0].write_text(markdown(report), encoding="utf-8")
+    paths[1].write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    if plot_png and any(not r["skipped"] for r in report["rows"]):
+        paths.append(out / "compare.png")
+        plot(report, paths[-1])
+    return paths

@@ -142,6 +142,8 @@ cross_python() {
     # Debian's cross gcc searches its own glibc 2.36 (libc6-dev-arm64-cross) BEFORE the sysroot,
     # for headers, crt1.o and libc.so alike: that would raise the floor to 2.34+. So: no default
     # include dirs, and the root's lib dir first for start files (-B) and libraries (-L).
+    # The -L is repeated in LDFLAGS: setup.py looks for libffi only in LDFLAGS' dirs (else
+    # _ctypes is linked without -lffi: "undefined symbol: ffi_type_void").
     local gcc_include multiarch=$ROOT/usr/lib/aarch64-linux-gnu
     gcc_include=$(aarch64-linux-gnu-gcc -print-file-name=include)
     local cc="aarch64-linux-gnu-gcc --sysroot=$ROOT -nostdinc -isystem $gcc_include"
@@ -149,14 +151,17 @@ cross_python() {
     cc+=" -B$multiarch/ -L$multiarch -L$ROOT/lib/aarch64-linux-gnu"
     export PKG_CONFIG_SYSROOT_DIR=$ROOT
     export PKG_CONFIG_LIBDIR=$ROOT/usr/lib/aarch64-linux-gnu/pkgconfig:$ROOT/usr/share/pkgconfig
+    # configure cannot run test programs when cross-compiling: the ac_cv_* answers below are
+    # the ones a native arm64 glibc build finds.
     ./configure --host=aarch64-linux-gnu --build=x86_64-pc-linux-gnu \
         --with-build-python=/usr/bin/python3.11 \
         --prefix="$PREFIX" --enable-shared --with-ensurepip=no \
         CC="$cc" \
         CFLAGS="-include $REPO/bundle_spec/glibc_floor.h" \
-        LDFLAGS="-Wl,-rpath,$PREFIX/lib" \
+        LDFLAGS="-L$multiarch -Wl,-rpath,$PREFIX/lib" \
         READELF=aarch64-linux-gnu-readelf \
-        ac_cv_file__dev_ptmx=yes ac_cv_file__dev_ptc=no ac_cv_func_sem_clockwait=no
+        ac_cv_file__dev_ptmx=yes ac_cv_file__dev_ptc=no ac_cv_buggy_getaddrinfo=no \
+        ac_cv_func_sem_clockwait=no
     nice -n "$NICE" make -j"$JOBS"
     make install DESTDIR="$ROOT"
     # Strip here, not in PyInstaller (--strip breaks numpy's OpenBLAS, FACTS.md).

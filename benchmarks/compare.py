@@ -13,7 +13,8 @@ runs in rounds that alternate the systems (A B C … A B C …, order rotated ea
 medians over rounds and ratios are taken within a round, then the median of those.
 
     python3 benchmarks/compare.py                      # writes benchmarks/results/compare.{md,png,json}
-    python3 benchmarks/compare.py --quick              # a short run for development (~2 min)
+    python3 benchmarks/compare.py --quick              # a short run for development
+    python3 benchmarks/compare.py --render benchmarks/results/compare.json   # redraw table + plot only
 """
 
 from __future__ import annotations
@@ -342,6 +343,7 @@ def slow_leak(entry: Entry, model: Path, texts: dict[str, list[str]], requests: 
         if answered in checkpoints:
             samples.append({"answered": answered, "seconds": round(time.perf_counter() - started, 1),
                             **process_tree_memory_kb(proc.pid)})
+            print(f"    {answered} answered, RSS {samples[-1]['rss_kb'] / 1024:.1f} MB", file=sys.stderr)
         if answered == requests:
             break
     writer.join()
@@ -430,7 +432,16 @@ def main() -> int:
     parser.add_argument("--systems", default="", help="comma-separated subset (torch,bare,fixed128,engine, or row names)")
     parser.add_argument("--quick", action="store_true", help="2 rounds, 0.2 s, 1 cold run, 5k leak requests")
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--render", type=Path, default=None, metavar="JSON",
+                        help="only rewrite the table and plot from a saved compare.json")
     args = parser.parse_args()
+    if args.render:
+        from compare_report import write_results
+
+        for path in write_results(json.loads(args.render.read_text(encoding="utf-8")), args.out,
+                                  plot_png=not args.no_plot):
+            print(f"wrote {path}", file=sys.stderr)
+        return 0
     if args.quick:
         args.rounds, args.seconds, args.cold_runs, args.leak_requests = 2, 0.2, 1, 5000
     args.model = args.model.resolve()

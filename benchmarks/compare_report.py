@@ -119,7 +119,9 @@ def markdown(report: dict[str, Any]) -> str:
     if "samples" in leak:
         lines += [f"{leak['system']}, {leak['requests']} requests piped in (every text distinct, one in 100 "
                   f"medium), {leak['per_s']:.0f} requests/s: RSS grew {leak['growth_vs_warm_up_pct']:+.2f}% "
-                  f"from after warm-up, {leak['growth_vs_1k_pct']:+.2f}% from after the first 1000.", "",
+                  f"from after decide's own warm-up (its ready line, batch 1 per length bucket), "
+                  f"{leak['growth_vs_1k_pct']:+.2f}% from after the first 1000 requests (piped lines are answered "
+                  "in batches of up to 32, and ORT's arena grows once to the largest batch shape it meets).", "",
                   "| answered | RSS MB | peak RSS MB |", "|---|---|---|"]
         lines += [f"| {s['answered']} | {s['rss_kb'] / MB:.1f} | {s['peak_rss_kb'] / MB:.1f} |" for s in leak["samples"]]
     else:
@@ -144,8 +146,10 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(2, len(kinds), figsize=(7 * len(kinds), 10), squeeze=False)
     for col, kind in enumerate(kinds):
         ax = axes[0][col]
-        for row in rows:
+        colours = plt.get_cmap("tab20").colors  # tab10 would repeat a colour beyond ten rows
+        for index, row in enumerate(rows):
             ax.plot(batches, [row["cells"][f"{kind}/{b}"]["p50_ms"] for b in batches], marker="o",
+                    color=colours[index % len(colours)],
                     linestyle="--" if row["system"].endswith("fp32") else "-", label=row["system"])
         ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="p50 latency per call, ms",
                title=f"{kind} texts ({report['texts'][kind]['min']}–{report['texts'][kind]['max']} tokens)")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import emulation  # noqa: E402  (lives in tests/, shared with the test suite)
+import emulation
 
 
 def main(arguments: list[str] | None = None) -> int:

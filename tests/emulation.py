@@ -113,7 +113,8 @@ def qemu_version(arch: str = "x86_64") -> tuple[int, int] | None:
     binary = QEMU_BINARIES[arch]
     if not binary.exists():
         return None
-    out = subprocess.run([str(binary), "--version"], capture_output=True, text=True).stdout
+    out = subprocess.run([str(binary), "--version"], capture_output=True, text=True,
+                         check=False).stdout
     match = re.search(r"version (\d+)\.(\d+)", out)
     return (int(match[1]), int(match[2])) if match else None
 
@@ -142,7 +143,7 @@ def ensure_qemu(install: bool = True) -> None:
         [*apt, "update"],
         [*apt, "install", "-y", "-t", "bookworm-backports", "qemu-user-static"],
     ):
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise EmulationUnavailable(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
     if not _qemu_ok():
@@ -197,6 +198,7 @@ def run_emulated(
         capture_output=True,
         text=True,
         timeout=timeout,
+        check=False,
     )
 
 
@@ -427,7 +429,7 @@ def run_cell(bundle: Bundle, cpu_name: str, requests: int = 4, emulate: bool = T
         argv = [str(bundle.executable), *args]
         if not emulate:
             return subprocess.run(argv, input=stdin, capture_output=True, text=True,
-                                  timeout=EMULATED_TIMEOUT)
+                                  timeout=EMULATED_TIMEOUT, check=False)
         return run_emulated(argv, bundle.arch, models[cpu_name], ld_prefix=ld_prefix,
                             input=stdin, timeout=EMULATED_TIMEOUT)
 
@@ -536,7 +538,7 @@ def main(arguments: Sequence[str] | None = None) -> int:
     workdir = Path(args.workdir) if args.workdir else None
     ld_prefix = Path(args.ld_prefix) if args.ld_prefix else None
     cmd = emulated_command(argv, args.arch, args.cpu, root, workdir, ld_prefix)
-    code = subprocess.run(cmd).returncode
+    code = subprocess.run(cmd, check=False).returncode
     return 128 - code if code < 0 else code
 
 

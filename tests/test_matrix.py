@@ -9,9 +9,9 @@ prints the whole table. Tests skip with the reason when the zip they need has no
 from __future__ import annotations
 
 import os
-import pytest
 
 import emulation
+import pytest
 
 CI_CELLS = [("x86_64", "Nehalem"), ("x86_64", "Conroe"), ("aarch64", "cortex-a53")]
 FULL = os.environ.get("DECIDE_MATRIX") == "full"

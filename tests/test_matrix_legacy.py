@@ -19,10 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import emulation
 import numpy as np
 import pytest
-
-import emulation
 
 LEGACY_NUMPY = "numpy==1.26.4"
 CACHE = Path.home() / ".cache" / "decide-build" / "legacy"

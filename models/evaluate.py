@@ -72,6 +72,23 @@ def batch1_latency_ms(session: ort.InferenceSession, sequence: list[int], pad_id
             "p90_ms": round(float(np.percentile(times, 90)), 3), "runs": runs, "threads": 1}
 
 
+def single_probs(session: ort.InferenceSession, sequence: list[int], pad_id: int,
+                 width: int | None = None) -> np.ndarray:
+    """Probabilities for one text run alone, right-padded to `width` tokens (None: no padding).
+
+    Dynamic int8 quantization scales activations over the whole input tensor, padding included,
+    so an int8 variant's output depends on how the runtime pads; the golden set is checked under
+    several paddings.
+    """
+    ids, mask = pad_numpy([sequence], pad_id)
+    if width is not None and width > ids.shape[1]:
+        extra = width - ids.shape[1]
+        ids = np.pad(ids, ((0, 0), (0, extra)), constant_values=pad_id)
+        mask = np.pad(mask, ((0, 0), (0, extra)))
+    (logits,) = session.run(["logits"], {"input_ids": ids, "attention_mask": mask})
+    return softmax(logits)[0]
+
+
 def select_golden(languages: list[str], true_labels: np.ndarray, reference_probs: np.ndarray,
                   variant_probs: dict[str, np.ndarray], count: int = 30, min_margin: float = 0.3) -> list[int]:
     """Indices of clear-cut examples, spread across languages round-robin.

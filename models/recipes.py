@@ -27,11 +27,18 @@ class Recipe:
     variants: tuple[str, ...] = ("fp32", "int8-u8u8", "int8-u8s8")
     extra: dict = field(default_factory=dict)
 
-    def fingerprint(self) -> dict:
-        """What decides a cached checkpoint can be reused (everything but the version/description)."""
+    def fingerprint(self, stage: str = "model") -> dict:
+        """What decides a cached checkpoint of `stage` can be reused.
+
+        The teacher sees the full vocabulary, so the student's settings and the vocabulary budget
+        do not concern it.
+        """
         data = asdict(self)
         for key in ("version", "description", "golden_count", "variants"):
             data.pop(key)
+        if stage == "teacher":
+            for key in ("student", "student_layers", "vocab_budget"):
+                data.pop(key)
         return data
 
 
@@ -46,7 +53,10 @@ TOPICS_MULTILINGUAL = Recipe(
     teacher=TrainConfig(epochs=2, lr=5e-5, head_lr=1e-3, patience=2, seed=13, freeze_layers=8),
     student=TrainConfig(epochs=5, lr=1e-4, head_lr=5e-4, patience=2, seed=13, distill_alpha=0.7),
     student_layers=(0, 4, 8, 11),
-    vocab_budget=26000,
+    # 40k pieces: every piece the training text uses + all single characters of its scripts
+    # (27,118) + the most probable remaining pieces of those scripts. The extra pieces are what
+    # unseen text needs: the student gains 1.1 accuracy / 1.8 macro-F1 points over 27,118.
+    vocab_budget=40000,
 )
 
 # The early package: no teacher, the 4-layer student is fine-tuned directly (minutes, not an hour).

@@ -12,7 +12,8 @@
   the pipe while the model runs and is answered at batch speed. (A reader thread handing lines
   over a queue costs an extra thread wake-up per request, which a loaded machine makes slow.)
 - Each batch of responses is written with os.write straight away (no userspace buffer to flush).
-- EOF: answer everything read, return 0. SIGTERM/SIGINT: finish the batch in flight, return 0.
+- EOF: answer everything read, return 0. SIGTERM/SIGINT: read no more, answer every complete
+  line already read (the sender handed those over), return 0.
   Reader gone (EPIPE): return 0 quietly.
 """
 
@@ -158,7 +159,7 @@ def serve(service: Service, wire: int, ready: bool = False, input_fd: int = 0,
 
     def request_stop(signum: int, _frame: object) -> None:
         nonlocal stop
-        log.info("%s received: finishing the request in flight", signal.Signals(signum).name)
+        log.info("%s received: answering the lines already read, then exiting", signal.Signals(signum).name)
         stop = True
 
     signal.signal(signal.SIGTERM, request_stop)
@@ -166,6 +167,13 @@ def serve(service: Service, wire: int, ready: bool = False, input_fd: int = 0,
 
     source = _Input(input_fd, service.limits.max_line_bytes)
     lines: deque = deque()
+
+    def answer_next_batch() -> None:
+        batch = [lines.popleft() for _ in range(min(len(lines), max_batch_lines))]
+        responses = service.answer_lines(batch)
+        if responses:
+            write_all(wire, b"".join(responses))
+
     try:
         if ready:
             write_all(wire, encode_line(service.ready_event()))
@@ -181,10 +189,9 @@ def serve(service: Service, wire: int, ready: bool = False, input_fd: int = 0,
                 if source.eof:
                     break
                 continue
-            batch = [lines.popleft() for _ in range(min(len(lines), max_batch_lines))]
-            responses = service.answer_lines(batch)
-            if responses:
-                write_all(wire, b"".join(responses))
+            answer_next_batch()
+        while lines:  # stopped by a signal: nothing read is lost
+            answer_next_batch()
     except BrokenPipeError:
         # The reader closed stdout: nobody is listening, so stop quietly (no traceback).
         log.info("stdout closed by the reader; exiting")

@@ -208,3 +208,20 @@ def test_closed_stdin_is_end_of_input(tiny_package_dir):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert [json.loads(line)["event"] for line in out.splitlines()] == ["ready"]
+
+
+def test_signal_answers_every_line_already_read(tiny_package_dir):
+    proc = start(tiny_package_dir, "--ready")
+    read_line(proc)
+    # 600 lines (> one 256-line service call) in one write that fits the pipe: the server reads
+    # them all before answering the first call, so all of them count as already read.
+    lines = b"".join(json.dumps({"id": i, "text": "rain"}).encode() + b"\n" for i in range(600))
+    assert len(lines) < 60_000
+    proc.stdin.write(lines)
+    proc.stdin.flush()
+    first = read_line(proc)  # the first call is answered: the rest waits in the server
+    proc.send_signal(signal.SIGTERM)  # stdin stays open: only the signal ends it
+    out = first + proc.stdout.read()
+    proc.wait(timeout=60)
+    assert proc.returncode == 0
+    assert [json.loads(line)["id"] for line in out.splitlines()] == list(range(600))

@@ -104,13 +104,16 @@ def select_golden(languages: list[str], true_labels: np.ndarray, reference_probs
     by_language: dict[str, list[int]] = {}
     for index in np.flatnonzero(qualifies):
         by_language.setdefault(languages[index], []).append(int(index))
-    for items in by_language.values():  # vary labels within a language: take one per label first
-        items.sort(key=lambda i: (sum(true_labels[j] == true_labels[i] for j in items if j < i), i))
     chosen: list[int] = []
-    depth = 0
-    while len(chosen) < count and any(depth < len(v) for v in by_language.values()):
+    label_counts: dict[int, int] = {}
+    while len(chosen) < count and any(by_language.values()):
         for language in sorted(by_language):
-            if depth < len(by_language[language]) and len(chosen) < count:
-                chosen.append(by_language[language][depth])
-        depth += 1
+            pool = by_language[language]
+            if not pool or len(chosen) >= count:
+                continue
+            # within a language, take the topic the set has least of so far: labels stay varied
+            pick = min(pool, key=lambda i: (label_counts.get(int(true_labels[i]), 0), i))
+            pool.remove(pick)
+            chosen.append(pick)
+            label_counts[int(true_labels[pick])] = label_counts.get(int(true_labels[pick]), 0) + 1
     return chosen

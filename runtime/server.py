@@ -8,15 +8,10 @@ Threads and data flow:
 - The asyncio event loop (main thread) accepts connections, splits and parses lines, answers
   errors and control ops at once, and offers classify requests to one bounded `RequestQueue`.
   A full queue answers `busy` at once: memory stays bounded and nothing is dropped silently.
-- Engine threads (--engine-workers, default 2 on a machine with 2+ usable cores) share one
-  `Service`: each takes the queued requests of ALL connections as one batch, makes one
-  `Service.answer` call (ORT's session.run is thread-safe and releases the GIL, so the loop keeps
-  reading meanwhile) and hands the responses back to the loop, which resolves each request's
-  future; a per-connection writer awaits those futures in order, so answers stay in request
-  order whichever thread finishes first. Why more than one: a small model at batch sizes a
-  busy server sees keeps ORT's intra-op threads only half busy (measured ~1 core of 2), so a
-  second batch in flight is what fills the machine. A lone client is still served by one
-  thread at a time: batch-1 latency is unchanged.
+- One engine thread owns the `Service` (not thread-safe, and ORT wants one caller): it takes the
+  queued requests of ALL connections as one batch, makes one `Service.answer` call (ORT releases
+  the GIL, so the loop keeps reading meanwhile) and hands the responses back to the loop, which
+  resolves each request's future; a per-connection writer awaits those futures in order.
 - Gathering: requests that pile up while the engine runs form the next batch by themselves. The
   engine additionally waits up to --batch-delay-ms for more, but only when the previous batch
   held several requests (concurrent load) and fewer requests are queued than connections are
@@ -69,7 +64,6 @@ log = logging.getLogger("decide")
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_QUEUE_SIZE = 256  # classify requests waiting for the engine, all connections together
 DEFAULT_BATCH_DELAY_MS = 2.0
-DEFAULT_ENGINE_WORKERS = min(2, len(os.sched_getaffinity(0)))
 PENDING_PER_CONNECTION = 256  # responses a connection may owe before we stop reading it
 READ_CHUNK = 1 << 16
 WRITE_BUFFER_HIGH = 1 << 20  # bytes buffered for a slow reader before the writer waits for it
@@ -399,7 +393,6 @@ class ServerConfig:
     batch_delay_ms: float = DEFAULT_BATCH_DELAY_MS
     max_batch_texts: int = 32
     allow_remote: bool = False
-    engine_workers: int = DEFAULT_ENGINE_WORKERS
 
 
 class Connection:
@@ -486,8 +479,7 @@ class SocketServer:
     # -- engine thread ------------------------------------------------------------------------
 
     def _engine_main(self) -> None:
-        """Load and warm the model, then answer batches (with the other engine threads) until
-        the queue is closed."""
+        """Load and warm the model, then answer batches until the queue is closed."""
         assert self.loop is not None
         try:
             service = self.load_service()
@@ -497,17 +489,6 @@ class SocketServer:
             self._refuse_queued(f"the model failed to load: {type(exc).__name__}: {exc}")
             return
         self.loop.call_soon_threadsafe(self._on_ready, service)
-        others = [threading.Thread(target=self._answer_batches, args=(service,), name=f"engine-{n}", daemon=True)
-                  for n in range(1, self.config.engine_workers)]
-        for thread in others:
-            thread.start()
-        self._answer_batches(service)
-        for thread in others:
-            thread.join()
-
-    def _answer_batches(self, service: "Service") -> None:
-        """One engine thread's loop: take a batch, answer it, hand it to the event loop."""
-        assert self.loop is not None
         delay_s = self.config.batch_delay_ms / 1000
         previous_batch = 1
         while True:
@@ -598,7 +579,7 @@ class SocketServer:
         config = self.config
         return {"listen": config.address.describe(), "max_connections": config.max_connections,
                 "queue_size": config.queue_size, "batch_delay_ms": config.batch_delay_ms,
-                "max_batch_texts": config.max_batch_texts, "engine_workers": config.engine_workers}
+                "max_batch_texts": config.max_batch_texts}
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One connection from accept to close."""
@@ -723,9 +704,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--queue-size", type=int, default=DEFAULT_QUEUE_SIZE,
                        help=f"classify requests waiting for the model (default {DEFAULT_QUEUE_SIZE}); "
                             "beyond it requests get a busy error at once")
-    group.add_argument("--engine-workers", type=int, default=DEFAULT_ENGINE_WORKERS,
-                       help=f"batches answered at once, sharing one model (default {DEFAULT_ENGINE_WORKERS} "
-                            "here: min(2, usable cores))")
     group.add_argument("--batch-delay-ms", type=float, default=DEFAULT_BATCH_DELAY_MS,
                        help=f"under concurrent load, wait up to this long to fill a batch "
                             f"(default {DEFAULT_BATCH_DELAY_MS}; 0 = never wait)")
@@ -733,8 +711,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace, limits: Limits) -> ServerConfig:
     """Validate the socket options (before the model is loaded); raises ListenError."""
-    if args.max_connections < 1 or args.queue_size < 1 or args.engine_workers < 1:
-        raise ListenError("--max-connections, --queue-size and --engine-workers must be at least 1")
+    if args.max_connections < 1 or args.queue_size < 1:
+        raise ListenError("--max-connections and --queue-size must be at least 1")
     if not 0 <= args.batch_delay_ms <= 1000:
         raise ListenError("--batch-delay-ms must be between 0 and 1000")
     if args.socket:
@@ -747,5 +725,4 @@ def config_from_args(args: argparse.Namespace, limits: Limits) -> ServerConfig:
         address = ListenAddress(host=host, port=port)
     return ServerConfig(address=address, limits=limits, max_connections=args.max_connections,
                         queue_size=args.queue_size, batch_delay_ms=args.batch_delay_ms,
-                        max_batch_texts=args.max_batch, allow_remote=args.allow_remote,
-                        engine_workers=args.engine_workers)
+                        max_batch_texts=args.max_batch, allow_remote=args.allow_remote)

@@ -7,7 +7,6 @@ engine call, so a transport that reads ahead gets batch speed without knowing ab
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -40,37 +39,21 @@ class Stats:
     engine_calls: int = 0
     engine_ms: float = 0.0
     errors: Counter[str] = field(default_factory=Counter)
-    # The socket server answers batches from several engine threads; `+=` on shared counters
-    # is not atomic, so every update and the snapshot go through this lock.
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, requests: int = 0, texts: int = 0, engine_calls: int = 0, engine_ms: float = 0.0,
-            error: str | None = None) -> None:
-        """Count one event (thread-safe)."""
-        with self.lock:
-            self.requests += requests
-            self.texts += texts
-            self.engine_calls += engine_calls
-            self.engine_ms += engine_ms
-            if error is not None:
-                self.errors[error] += 1
 
     def to_json(self) -> dict[str, Any]:
         """JSON form for the stats op."""
-        with self.lock:
-            return {
-                "uptime_s": round(time.time() - self.started, 3),
-                "requests": self.requests,
-                "texts": self.texts,
-                "engine_calls": self.engine_calls,
-                "engine_ms": round(self.engine_ms, 3),
-                "errors": dict(self.errors),
-            }
+        return {
+            "uptime_s": round(time.time() - self.started, 3),
+            "requests": self.requests,
+            "texts": self.texts,
+            "engine_calls": self.engine_calls,
+            "engine_ms": round(self.engine_ms, 3),
+            "errors": dict(self.errors),
+        }
 
 
 class Service:
-    """The request → response core shared by every transport. `answer` may be called from several
-    threads at once (the engine's session.run is thread-safe; the counters are locked)."""
+    """The request → response core shared by every transport. Not thread-safe: one caller at a time."""
 
     def __init__(self, engine: Engine, limits: Limits = Limits(), info: dict[str, Any] | None = None):
         self.engine = engine
@@ -97,26 +80,26 @@ class Service:
     def answer(self, requests: Sequence[Request]) -> list[dict[str, Any]]:
         """One response object per request, in order; all texts run in one engine call."""
         start = time.perf_counter()
-        self.stats.add(requests=len(requests))
+        self.stats.requests += len(requests)
         classify = [r for r in requests if isinstance(r, ClassifyRequest)]
         outcomes = self._classify(classify)
         elapsed_ms = round((time.perf_counter() - start) * 1000, 3)
         if classify:
-            self.stats.add(engine_ms=elapsed_ms)
+            self.stats.engine_ms += elapsed_ms
 
         responses: list[dict[str, Any]] = []
         labels = self.engine.labels
         pending = iter(outcomes)
         for request in requests:
             if isinstance(request, ErrorReply):
-                self.stats.add(error=request.code)
+                self.stats.errors[request.code] += 1
                 responses.append(request.to_json())
             elif isinstance(request, ControlRequest):
                 responses.append(self._control(request))
             else:
                 outcome = next(pending)
                 if isinstance(outcome, str):
-                    self.stats.add(error=INTERNAL_ERROR)
+                    self.stats.errors[INTERNAL_ERROR] += 1
                     responses.append(ErrorReply(request.id, INTERNAL_ERROR, outcome).to_json())
                     continue
                 items = [result_json(c.label, c.score, c.probs, labels, c.truncated) for c in outcome]
@@ -130,9 +113,9 @@ class Service:
         texts = [text for r in requests for text in r.texts]
         if not texts:
             return []
-        self.stats.add(texts=len(texts))
+        self.stats.texts += len(texts)
         try:
-            self.stats.add(engine_calls=1)
+            self.stats.engine_calls += 1
             flat = self.engine.classify(texts)
         except Exception:  # noqa: BLE001 — isolate the failing request below
             return [self._classify_one(r) for r in requests]
@@ -146,7 +129,7 @@ class Service:
     def _classify_one(self, request: ClassifyRequest) -> list[Classification] | str:
         """One request alone; the error message if the model fails on it."""
         try:
-            self.stats.add(engine_calls=1)
+            self.stats.engine_calls += 1
             return self.engine.classify(request.texts)
         except Exception as exc:  # noqa: BLE001 — a model failure must not stop the server
             return f"{type(exc).__name__}: {exc}"

@@ -54,7 +54,7 @@ from runtime.protocol import (
     encode_line,
     parse_line,
 )
-from runtime.stdio import write_all
+from runtime.stdio import LineSplitter, write_all  # the same framing as stdin
 
 if TYPE_CHECKING:  # the service imports numpy; the server must be importable before the CPU check
     from runtime.service import Service
@@ -74,54 +74,6 @@ LISTEN_BACKLOG = 128
 
 class ListenError(Exception):
     """A listen address that is refused (security rules) or cannot be bound."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Framing: incremental version of stdio.split_lines for chunks that arrive from an event loop.
-
-
-class LineSplitter:
-    """Feed chunks, get complete lines (no newline, CR stripped); over-long lines are dropped as
-    they stream by and come out as LineTooLong, so memory per connection stays ≤ the limit."""
-
-    def __init__(self, max_line_bytes: int):
-        self.max_line_bytes = max_line_bytes
-        self.pending = bytearray()
-        self.discarding = 0  # bytes of an over-long line seen so far; 0 = not discarding
-
-    def feed(self, chunk: bytes) -> list[bytes | LineTooLong]:
-        """Lines completed by this chunk."""
-        lines: list[bytes | LineTooLong] = []
-        start = 0
-        while True:
-            newline = chunk.find(b"\n", start)
-            piece = chunk[start:] if newline < 0 else chunk[start:newline]
-            if self.discarding:
-                self.discarding += len(piece)
-            elif len(self.pending) + len(piece) > self.max_line_bytes:
-                self.discarding = len(self.pending) + len(piece)
-                self.pending.clear()
-            else:
-                self.pending += piece
-            if newline < 0:
-                return lines
-            lines.append(self._take())
-            start = newline + 1
-
-    def finish(self) -> list[bytes | LineTooLong]:
-        """The last line if the stream ended without a newline."""
-        if self.discarding or self.pending:
-            return [self._take()]
-        return []
-
-    def _take(self) -> bytes | LineTooLong:
-        if self.discarding:
-            line: bytes | LineTooLong = LineTooLong(self.discarding)
-            self.discarding = 0
-        else:
-            line = bytes(self.pending[:-1] if self.pending.endswith(b"\r") else self.pending)
-            self.pending.clear()
-        return line
 
 
 # ---------------------------------------------------------------------------------------------

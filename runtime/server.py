@@ -49,7 +49,6 @@ from runtime.protocol import (
     ControlRequest,
     ErrorReply,
     Limits,
-    LineTooLong,
     Request,
     encode_line,
     parse_line,

@@ -7,7 +7,6 @@ subprocess. Needs root (debootstrap, chroot); skipped with the reason where that
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import platform
@@ -18,6 +17,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from build_module import load_build_module
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_NAME = "topics-multilingual"
@@ -27,18 +27,7 @@ MODEL_DIR = Path(os.environ.get("DECIDE_BUNDLE_MODEL", REPO / "models" / MODEL_N
 EXIT_OK, EXIT_CPU_UNSUPPORTED, EXIT_PACKAGE = 0, 3, 4  # bundle_spec/README.box.md
 
 
-def _load_build_module():
-    """build.py is a script, not a package module: load it by path (registered for dataclasses)."""
-    if "decide_build" in sys.modules:
-        return sys.modules["decide_build"]
-    spec = importlib.util.spec_from_file_location("decide_build", REPO / "build.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["decide_build"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-build = _load_build_module()
+build = load_build_module()
 
 pytestmark = [
     pytest.mark.skipif(platform.machine() != "x86_64", reason="the bundle is built for x86_64 only so far"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -11,22 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from build_module import load_build_module
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _load_build_module():
-    """build.py is a script, not a package module: load it by path (registered for dataclasses)."""
-    if "decide_build" in sys.modules:
-        return sys.modules["decide_build"]
-    spec = importlib.util.spec_from_file_location("decide_build", REPO / "build.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["decide_build"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-build = _load_build_module()
+build = load_build_module()
 
 
 def onnxruntime_extension() -> Path:

@@ -45,7 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))
 from runtime import __version__ as VERSION
-from runtime.package import PackageError, load_package, verify_files
+from runtime.package import PackageError, load_package, sha256_file, verify_files
 
 DEFAULT_CACHE = Path.home() / ".cache" / "decide-build"
 DEFAULT_MODEL = REPO / "models" / "topics-multilingual"
@@ -719,15 +719,6 @@ def write_zip(staging: Path, zip_path: Path) -> None:
                 archive.write(path, name + "/")
 
 
-def sha256_of(path: Path) -> str:
-    """Hex sha256 of a file."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def bundle_part(relative: tuple[str, ...]) -> str:
     """Which part of the bundle a file belongs to, for the size report."""
     if relative[0] != "_internal":
@@ -871,7 +862,7 @@ def build(args: argparse.Namespace) -> dict[str, object]:
     stem = f"decide-{VERSION}-linux-{arch.name}"
     zip_path = args.dist / f"{stem}.zip"
     write_zip(staging, zip_path)
-    digest = sha256_of(zip_path)
+    digest = sha256_file(zip_path)
     (args.dist / f"{stem}.zip.sha256").write_text(f"{digest}  {zip_path.name}\n")
     sizes = size_report(staging)
     manifest = {**build_info, "zip": zip_path.name, "zip_bytes": zip_path.stat().st_size,

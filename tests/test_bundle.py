@@ -47,7 +47,7 @@ def built() -> dict:
         manifest = json.loads(manifest_path.read_text())
         zip_path = REPO / "dist" / manifest["zip"]
         if (manifest["inputs_digest"] == build.inputs_digest(MODEL_DIR) and zip_path.is_file()
-                and build.sha256_of(zip_path) == manifest["zip_sha256"]):
+                and build.sha256_file(zip_path) == manifest["zip_sha256"]):
             return manifest
     log = REPO / "build" / "test-build.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -105,7 +105,7 @@ def test_zip_is_small_and_carries_fp32_and_int8(built: dict) -> None:
     assert zip_path.stat().st_size < 100_000_000
     assert built["zip_bytes"] == zip_path.stat().st_size
     checksum_line = (REPO / "dist" / f"{built['zip']}.sha256").read_text()
-    assert checksum_line.split()[0] == build.sha256_of(zip_path)
+    assert checksum_line.split()[0] == build.sha256_file(zip_path)
     precisions = {v["precision"] for v in built["model"]["variants"].values()}
     assert {"fp32", "int8"} <= precisions
     with zipfile.ZipFile(zip_path) as archive:

@@ -7,7 +7,7 @@
 #   FORCE=1               redo every step
 #
 # Run a command in the finished root (emulated arm64 CPU, private binfmt_misc, no host state):
-#   python3 tests/emulation.py run --arch aarch64 --cpu cortex-a72 --root ~/.cache/decide-build/aarch64/root -- /opt/py311/bin/python3 -V
+#   python3 bundle_spec/qemu_user.py run --arch aarch64 --cpu cortex-a72 --root ~/.cache/decide-build/aarch64/root -- /opt/py311/bin/python3 -V
 #
 # Why each step is done where it is:
 # - debootstrap's second stage, apt and pip run INSIDE the root under qemu-aarch64 (they must).
@@ -28,7 +28,7 @@ SECURITY=http://deb.debian.org/debian-security
 PYTHON_SUITE=bookworm  # CPython 3.11 source (with Debian's security patches) comes from here
 NICE=${NICE:-15}
 JOBS=${JOBS:-2}
-EMU=(nice -n "$NICE" python3 "$REPO/tests/emulation.py" run --arch aarch64 --cpu cortex-a72 --root "$ROOT" --)
+EMU=(nice -n "$NICE" python3 "$REPO/bundle_spec/qemu_user.py" run --arch aarch64 --cpu cortex-a72 --root "$ROOT" --)
 ROOT_PACKAGES=(ca-certificates binutils libc6-dev libssl-dev zlib1g-dev libffi-dev libbz2-dev
                liblzma-dev libsqlite3-dev uuid-dev libexpat1-dev zip)
 
@@ -65,7 +65,7 @@ host_tools() {
     apt-get update -q
     apt-get install -y -q --no-install-recommends debootstrap gcc-aarch64-linux-gnu \
         binutils-aarch64-linux-gnu make pkg-config patch xz-utils python3.11
-    python3 "$REPO/tests/emulation.py" install  # qemu-user >= 10 from bookworm-backports
+    python3 "$REPO/bundle_spec/qemu_user.py" install  # qemu-user >= 10 from bookworm-backports
 }
 
 first_stage() {

@@ -16,6 +16,7 @@ import ctypes
 import os
 import platform
 from dataclasses import dataclass
+from typing import Any
 
 # Env var that replaces the probe, for tests and for trying a tier on another machine:
 # "x86_64:sse2,sse4_2,popcnt" or "aarch64:asimd,asimddp".
@@ -86,9 +87,55 @@ def _x86_flags() -> frozenset[str]:
     # (via the platform module) — harmless, but not worth paying on ARM or with a fake CPU.
     from cpuinfo import cpuinfo as cpuinfo_module
 
-    cpuid = cpuinfo_module.CPUID(cpuinfo_module.Trace(False, False))
-    flags = {name for name in cpuid.get_flags(cpuid.get_max_extension_support())}
-    flags |= _x86_extra_flags(cpuid, flags)
+    return x86_flags_from(cpuinfo_module.CPUID(cpuinfo_module.Trace(False, False)))
+
+
+# py-cpuinfo's machine code for a leaf-7 query starts with `mov eax,7`.
+_MOV_EAX_7 = b"\xB8\x07\x00\x00\x00"
+_LEAF7 = 7
+
+
+def max_basic_leaf(cpuid: Any) -> int:
+    """CPUID(0).EAX: the highest basic leaf this CPU answers."""
+    return cpuid._run_asm(
+        b"\x31\xC0",  # xor eax,eax
+        b"\x0f\xa2",  # cpuid
+        b"\xC3",  # ret (eax)
+    )
+
+
+class _BasicLeafGuard:
+    """Stands in for py-cpuinfo's CPUID object and answers leaf-7 queries with 0 when the CPU's
+    highest basic leaf is below 7.
+
+    Why: py-cpuinfo reads leaf 7 whenever the highest EXTENDED leaf (0x8000_0000+) is >= 7, which
+    is always true. A CPU whose highest basic leaf is lower (Core 2 / Nehalem with the BIOS
+    "limit CPUID maxval" option, Pentium 4, AMD K8/K10) does not have leaf 7: Intel CPUs (and
+    qemu) then return the highest basic leaf's registers, which py-cpuinfo reads as avx2,
+    avx512…, so the tier picker could choose code this CPU cannot run.
+    """
+
+    def __init__(self, cpuid: Any, max_basic: int) -> None:
+        self._cpuid = cpuid
+        self._max_basic = max_basic
+
+    def _run_asm(self, *machine_code: bytes) -> int:
+        if self._max_basic < _LEAF7 and _MOV_EAX_7 in b"".join(machine_code):
+            return 0
+        return self._cpuid._run_asm(*machine_code)
+
+    def get_max_extension_support(self) -> int:
+        """Highest extended leaf, as py-cpuinfo reads it."""
+        return self._cpuid.get_max_extension_support()
+
+
+def x86_flags_from(cpuid: Any) -> frozenset[str]:
+    """Flag names from a py-cpuinfo CPUID object, leaf 7 only if CPUID(0).EAX >= 7, plus the
+    extras of `_x86_extra_flags`, minus vector flags the OS does not enable."""
+    guarded = _BasicLeafGuard(cpuid, max_basic_leaf(cpuid))
+    # get_flags only calls self._run_asm: run py-cpuinfo's decoding on the guarded object.
+    flags = set(type(cpuid).get_flags(guarded, guarded.get_max_extension_support()))
+    flags |= _x86_extra_flags(guarded, flags)
     return frozenset(drop_unusable_vector_flags(flags))
 
 

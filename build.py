@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Build the decide bundle: dist/decide-<version>-linux-<arch>.zip (+ .sha256, + build manifest).
 
-    python3 build.py                 # host architecture (x86_64 today)
+    python3 build.py                 # host architecture (x86_64)
+    python3 build.py --arch aarch64  # arm64, built inside an emulated arm64 root (qemu-user)
     python3 build.py --help
 
 Steps, each printed as it runs (long outputs go to build/<arch>/logs/):
@@ -19,6 +20,11 @@ Steps, each printed as it runs (long outputs go to build/<arch>/logs/):
 Why a Debian 11 root: PyInstaller copies libpython, libstdc++, libffi … from the machine it runs
 on, so the bundle needs at least that machine's glibc. Caches live in ~/.cache/decide-build
 (--cache); a fresh machine needs only the Debian and PyPI registries. Stdlib only.
+
+aarch64 on an x86_64 host: steps 2-3 are bundle_spec/aarch64/make_root.sh (an arm64 Debian 11
+root with a cross-compiled CPython; about 1.5 h the first time, then cached), and every command
+"inside the root" runs under qemu-aarch64 through bundle_spec/qemu_user.py (a private binfmt_misc
+in a user namespace: no host state changes). Everything else is the same code as for x86_64.
 Exit codes: 0 built, 1 build failed, 2 refused (unsupported arch, not root, bad arguments).
 """
 
@@ -44,6 +50,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))
+from bundle_spec import qemu_user
 from runtime import __version__ as VERSION
 from runtime.package import PackageError, load_package, sha256_file, verify_files
 
@@ -77,8 +84,9 @@ class Arch:
     debian: str  # Debian's name for it
     triplet: str  # multiarch library directory
     wheel_platforms: tuple[str, ...]  # pip --platform tags, newest first
-    ready: bool  # False: the structure exists but building is a later issue
-    not_ready_reason: str = ""
+    # The qemu CPU model that runs the root's programs when this is not the host's arch. ARMv8.0
+    # without dotprod: the oldest CPU the bundle supports, so the build cannot use more.
+    emulated_cpu: str = ""
 
 
 ARCHES = {
@@ -88,7 +96,6 @@ ARCHES = {
         triplet="x86_64-linux-gnu",
         wheel_platforms=("manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
                          "manylinux_2_17_x86_64", "manylinux2014_x86_64"),
-        ready=True,
     ),
     "aarch64": Arch(
         name="aarch64",
@@ -96,11 +103,7 @@ ARCHES = {
         triplet="aarch64-linux-gnu",
         wheel_platforms=("manylinux_2_28_aarch64", "manylinux_2_27_aarch64",
                          "manylinux_2_17_aarch64", "manylinux2014_aarch64"),
-        ready=False,
-        not_ready_reason=(
-            "the aarch64 bundle is a later issue: it needs an arm64 root under qemu-user "
-            "(debootstrap --foreign) and per-arch pins (ORT #23957)"
-        ),
+        emulated_cpu="cortex-a72",
     ),
 }
 
@@ -240,6 +243,11 @@ class BuildRoot:
         self.arch = arch
         self.stamps = path.parent / f"{path.name}.stamps"
 
+    @property
+    def emulated(self) -> bool:
+        """True when the root's programs run under qemu-user (another arch than the host's)."""
+        return self.arch.name != platform.machine()
+
     def stamp_matches(self, stage: str, digest: str) -> bool:
         """True when `stage` was completed with this recipe digest."""
         stamp = self.stamps / f"{stage}.json"
@@ -264,7 +272,13 @@ class BuildRoot:
 
     @contextmanager
     def mounted(self) -> Iterator[None]:
-        """Bind /proc, /sys, /dev, /dev/pts into the root for the duration of the block."""
+        """Bind /proc, /sys, /dev, /dev/pts into the root for the duration of the block.
+
+        An emulated root needs nothing here: qemu_user binds them in its own mount namespace.
+        """
+        if self.emulated:
+            yield
+            return
         done: list[Path] = []
         try:
             for name in ("proc", "sys", "dev", "dev/pts"):
@@ -283,8 +297,13 @@ class BuildRoot:
         unmount_below(self.path)
 
     def chroot(self, command: list[str], log: Path, nice: int) -> None:
-        """Run a command inside the root (niced: the 2 cores are shared)."""
-        run(["nice", "-n", str(nice), "chroot", str(self.path), *command], log=log, env=CHROOT_ENV)
+        """Run a command inside the root (niced: the 2 cores are shared), emulated if need be."""
+        if self.emulated:
+            inside = qemu_user.emulated_command(command, self.arch.name, self.arch.emulated_cpu,
+                                                root=self.path)
+        else:
+            inside = ["chroot", str(self.path), *command]
+        run(["nice", "-n", str(nice), *inside], log=log, env=CHROOT_ENV)
 
 
 def unmount_below(path: Path) -> None:
@@ -410,6 +429,45 @@ def ensure_python(root: BuildRoot, logs: Path, nice: int) -> str:
     return version
 
 
+MAKE_ARM64_ROOT = REPO / "bundle_spec" / "aarch64" / "make_root.sh"
+ARM64_ROOT_STEPS = ("host_tools", "first_stage", "second_stage", "root_packages", "python_source",
+                    "cross_python", "python_check", "pip_packages", "smoke")  # make_root.sh's
+
+
+def ensure_arm64_root(root: BuildRoot, nice: int) -> None:
+    """Step 2 for aarch64: the root with its cross-compiled CPython, made by make_root.sh (cached by it)."""
+    cache = root.path.parent
+    missing = [name for name in ARM64_ROOT_STEPS if not (cache / f"done.{name}").exists()]
+    if missing:
+        note(f"running {MAKE_ARM64_ROOT.relative_to(REPO)} (steps {', '.join(missing)}): "
+             "about 1.5 h the first time (debootstrap + apt under qemu, cross-compiled CPython)")
+        env = {**os.environ, "DECIDE_AARCH64_CACHE": str(cache), "NICE": str(nice)}
+        if subprocess.run(["bash", str(MAKE_ARM64_ROOT)], env=env, check=False).returncode != 0:
+            raise BuildError(f"{MAKE_ARM64_ROOT.name} failed (logs: {cache}/*.log)")
+    else:
+        note(f"reusing {root.path} (made by {MAKE_ARM64_ROOT.relative_to(REPO)})")
+
+
+def arm64_python(root: BuildRoot) -> str:
+    """Step 3 for aarch64: the Python source version make_root.sh built, and the "python" stamp.
+
+    The stamp is keyed by the libpython that was built, so the venv is rebuilt exactly when the
+    interpreter changed.
+    """
+    cache = root.path.parent
+    libpython = root.path / PYTHON_PREFIX.lstrip("/") / "lib" / "libpython3.11.so.1.0"
+    patches = sorted((cache / "pysrc").glob(f"{PYTHON_SOURCE}_*.debian.tar.xz"))
+    if not libpython.is_file() or not patches:
+        raise BuildError(f"{root.path} has no {libpython.name} or {cache}/pysrc has no Debian "
+                         f"source: rerun with FORCE=1 {MAKE_ARM64_ROOT.relative_to(REPO)}")
+    version = patches[-1].name.removeprefix(f"{PYTHON_SOURCE}_").removesuffix(".debian.tar.xz")
+    digest = sha256_file(libpython)
+    if not root.stamp_matches("python", digest):
+        root.write_stamp("python", digest, {"source": version})
+    note(f"{PYTHON_PREFIX}: CPython from {PYTHON_SOURCE} {version}, cross-compiled")
+    return version
+
+
 # ----------------------------------------------------------------------------- wheels and venv
 
 def ensure_wheels(arch: Arch, pins: dict[str, str], wheel_dir: Path, logs: Path) -> list[Path]:
@@ -459,7 +517,8 @@ def ensure_venv(root: BuildRoot, wheels: list[Path], python_digest: str, logs: P
         shutil.copy(wheel, inbox / wheel.name)
     with root.mounted():
         root.chroot([f"{PYTHON_PREFIX}/bin/python3", "-m", "venv", "/build/venv"], logs / "venv.log", nice)
-        root.chroot(["/build/venv/bin/python", "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+        # --no-compile: PyInstaller compiles what it ships; byte-compiling here costs minutes under qemu.
+        root.chroot(["/build/venv/bin/python", "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                      *(f"/build/wheels/{w.name}" for w in wheels)], logs / "venv.log", nice)
     root.write_stamp("venv", digest)
 
@@ -538,6 +597,20 @@ def copy_model(model_dir: Path, target: Path) -> dict[str, object]:
     }
 
 
+def dpkg_file_owners(root: Path) -> dict[str, str]:
+    """Installed path → Debian package, read from dpkg's file lists (what `dpkg -S` searches).
+
+    Read directly rather than by running dpkg in the root: that is an arm64 program in the
+    aarch64 root, one qemu start per lookup.
+    """
+    owners: dict[str, str] = {}
+    for listing in sorted((root / "var" / "lib" / "dpkg" / "info").glob("*.list")):
+        package = listing.stem.split(":")[0]  # libssl1.1:arm64.list → libssl1.1
+        for line in listing.read_text(encoding="utf-8", errors="replace").splitlines():
+            owners.setdefault(line, package)
+    return owners
+
+
 def collect_licences(root: BuildRoot, bundle: Path, model_dir: Path, log: Path) -> list[str]:
     """Put the licence of everything the bundle ships under bundle/licenses; returns its index."""
     out = bundle / "licenses"
@@ -572,14 +645,13 @@ def collect_licences(root: BuildRoot, bundle: Path, model_dir: Path, log: Path) 
             shutil.copy(root.path / "usr/share/common-licenses/Apache-2.0", out / dist / "LICENSE-Apache-2.0.txt")
         index.append(f"{dist}/: Python package ({'; '.join(declared) or 'see files'}), {len(wanted)} licence files")
     # Shared libraries PyInstaller copied from the Debian root: ship their Debian copyright.
+    owners = dpkg_file_owners(root.path)
     packages: set[str] = set()
     for lib in sorted((bundle / "_internal").glob("*.so*")):
         # Merged /usr: dpkg knows a library under the directory its package installed it to.
         for libdir in (f"/lib/{root.arch.triplet}", f"/usr/lib/{root.arch.triplet}"):
-            owner = subprocess.run(["chroot", str(root.path), "dpkg", "-S", f"{libdir}/{lib.name}"],
-                                   capture_output=True, text=True, env=CHROOT_ENV, check=False)
-            if owner.returncode == 0:
-                packages.add(owner.stdout.split(":")[0])
+            if f"{libdir}/{lib.name}" in owners:
+                packages.add(owners[f"{libdir}/{lib.name}"])
                 break
     for package in sorted(packages):
         copyright_file = root.path / "usr" / "share" / "doc" / package / "copyright"
@@ -755,9 +827,16 @@ def installed_versions(root: BuildRoot) -> dict[str, str]:
     return dict(sorted(versions.items()))
 
 
-def smoke_test(staging: Path, log: Path) -> None:
-    """Run `decide selftest` from the staging folder: the build fails if the frozen app does."""
-    run([str(staging / "decide"), "selftest"], log=log)
+def smoke_test(staging: Path, root: BuildRoot, log: Path) -> None:
+    """Run `decide selftest` from the staging folder: the build fails if the frozen app does.
+
+    Emulated: under qemu with the root's glibc (QEMU_LD_PREFIX), on the arch's oldest CPU model.
+    """
+    command = [str(staging / "decide"), "selftest"]
+    if root.emulated:
+        command = qemu_user.emulated_command(command, root.arch.name, root.arch.emulated_cpu,
+                                             ld_prefix=root.path)
+    run(command, log=log)
 
 
 # ----------------------------------------------------------------------------- main
@@ -784,10 +863,13 @@ def check_host(args: argparse.Namespace) -> Arch:
     arch = ARCHES.get(args.arch)
     if arch is None:
         raise Refused(f"unknown --arch {args.arch!r}; known: {', '.join(ARCHES)}")
-    if not arch.ready:
-        raise Refused(f"--arch {arch.name} is not supported yet: {arch.not_ready_reason}")
     if arch.name != platform.machine():
-        raise Refused(f"cross-building {arch.name} on {platform.machine()} is not supported")
+        if not arch.emulated_cpu or platform.machine() != "x86_64":
+            raise Refused(f"building {arch.name} on {platform.machine()} is not supported")
+        try:
+            qemu_user.ensure_qemu()
+        except qemu_user.EmulationUnavailable as exc:
+            raise Refused(f"building {arch.name} here needs qemu-user: {exc}") from exc
     if os.geteuid() != 0:
         raise Refused("debootstrap, chroot and mount need root: run build.py as root")
     if shutil.which("debootstrap") is None:
@@ -813,11 +895,18 @@ def build(args: argparse.Namespace) -> dict[str, object]:
     shutil.rmtree(logs, ignore_errors=True)
     root = BuildRoot(args.cache / arch.name / "root", arch)
 
-    step(2, f"build root: Debian {ROOT_SUITE} ({arch.debian})")
-    ensure_build_root(root, mirrors, logs, args.nice)
+    if root.emulated:
+        step(2, f"build root: Debian {ROOT_SUITE} ({arch.debian}, runs as qemu {arch.emulated_cpu})")
+        ensure_arm64_root(root, args.nice)
 
-    step(3, f"python: CPython 3.11 compiled in the root ({PYTHON_PREFIX})")
-    python_source = ensure_python(root, logs, args.nice)
+        step(3, f"python: CPython 3.11 cross-compiled for the root ({PYTHON_PREFIX})")
+        python_source = arm64_python(root)
+    else:
+        step(2, f"build root: Debian {ROOT_SUITE} ({arch.debian})")
+        ensure_build_root(root, mirrors, logs, args.nice)
+
+        step(3, f"python: CPython 3.11 compiled in the root ({PYTHON_PREFIX})")
+        python_source = ensure_python(root, logs, args.nice)
 
     step(4, "wheels: pinned in requirements-build.txt (+ requirements.txt)")
     pins = read_pins(REPO / "requirements-build.txt")
@@ -855,7 +944,7 @@ def build(args: argparse.Namespace) -> dict[str, object]:
     if args.no_smoke:
         note("skipped (--no-smoke)")
     else:
-        smoke_test(staging, logs / "smoke.log")
+        smoke_test(staging, root, logs / "smoke.log")
 
     step(10, "zip")
     args.dist.mkdir(parents=True, exist_ok=True)

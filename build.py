@@ -31,6 +31,7 @@ Exit codes: 0 built, 1 build failed, 2 refused (unsupported arch, not root, bad 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -47,6 +48,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))
@@ -306,6 +308,21 @@ class BuildRoot:
         run(["nice", "-n", str(nice), *inside], log=log, env=CHROOT_ENV)
 
 
+def hold_build_lock(path: Path) -> IO[str]:
+    """Wait until no other build.py uses this root, then hold the lock while the file stays open.
+
+    Two builds in one root would rebuild and delete each other's stages (e.g. /opt/py311).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(path, "w", encoding="utf-8")  # noqa: SIM115 (the caller keeps it open)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        note(f"another build.py is using {path.parent}: waiting for it")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    return lock
+
+
 def unmount_below(path: Path) -> None:
     """Unmount everything mounted below `path`; raise if anything stays mounted.
 
@@ -408,7 +425,7 @@ def _debian_version_key(version: str) -> list[tuple[int, object]]:
 
 def ensure_python(root: BuildRoot, logs: Path, nice: int) -> str:
     """CPython compiled inside the root by bundle_spec/build_python.sh; returns its source version."""
-    recipe = [REPO / "bundle_spec" / "build_python.sh", REPO / "bundle_spec" / "glibc_floor.h"]
+    recipe = [REPO / "bundle_spec" / name for name in ("build_python.sh", "python_source.sh", "glibc_floor.h")]
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in recipe) + PYTHON_PREFIX.encode()).hexdigest()
     if root.stamp_matches("python", digest) and (root.path / PYTHON_PREFIX.lstrip("/")).is_dir():
         version = root.stamp_info("python")["source"]
@@ -889,6 +906,7 @@ def build(args: argparse.Namespace) -> dict[str, object]:
     """All steps; returns the build manifest (also written next to the zip)."""
     step(1, "host checks")
     arch = check_host(args)
+    _lock = hold_build_lock(args.cache / arch.name / "build.lock")  # released when build() returns
     mirrors = (args.mirror, args.security_mirror) if args.mirror and args.security_mirror \
         else host_debian_mirrors()
     logs = REPO / "build" / arch.name / "logs"

@@ -125,20 +125,9 @@ python_source() {
 
 cross_python() {
     local src=$CACHE/cpython
-    rm -rf "$src" && mkdir -p "$src"
-    tar -xzf "$CACHE"/pysrc/*.orig.tar.gz -C "$src" --strip-components=1
-    tar -xJf "$CACHE"/pysrc/*.debian.tar.xz -C "$src"
+    # The same source treatment as the x86_64 build: Debian's security patches without its layout patches.
+    sh "$REPO/bundle_spec/python_source.sh" "$CACHE/pysrc" "$src"
     cd "$src"
-    # Same source treatment as bundle_spec/build_python.sh (x86_64): Debian's security patches
-    # without its layout patches, and pyexpat built as a shared module.
-    sed -n '/^CVE-/,$p' debian/patches/series | while read -r patch_name; do
-        patch -p1 -s --forward < "debian/patches/$patch_name"
-    done
-    if grep -q pycore_ceval.h Modules/pyexpat.c; then
-        printf '%s\n' '#ifndef Py_BUILD_CORE_BUILTIN' '#  define Py_BUILD_CORE_MODULE 1' '#endif' \
-            | cat - Modules/pyexpat.c > Modules/pyexpat.c.new
-        mv Modules/pyexpat.c.new Modules/pyexpat.c
-    fi
     # Debian's cross gcc searches its own glibc 2.36 (libc6-dev-arm64-cross) BEFORE the sysroot,
     # for headers, crt1.o and libc.so alike: that would raise the floor to 2.34+. So: no default
     # include dirs, and the root's lib dir first for start files (-B) and libraries (-L).

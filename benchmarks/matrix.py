@@ -3,6 +3,7 @@
     python3 benchmarks/matrix.py                      # every x86_64 and aarch64 model, both zips
     python3 benchmarks/matrix.py --arch x86_64 --cpu Nehalem --cpu Penryn
     python3 benchmarks/matrix.py --json matrix.json   # also write the rows as JSON
+    python3 benchmarks/matrix.py --arch aarch64 --variant fp32   # FP32 kernels on every model
 
 For each CPU model the frozen bundle (dist/decide-*-linux-<arch>.zip, or $DECIDE_ZIP_<ARCH>) runs
 under qemu-user through tests/emulation.py: `decide info --json` (flags, tier, variant),
@@ -33,6 +34,7 @@ def main(arguments: list[str] | None = None) -> int:
     parser.add_argument("--arch", choices=("x86_64", "aarch64", "all"), default="all")
     parser.add_argument("--cpu", action="append", help="CPU model(s) to run (default: all)")
     parser.add_argument("--requests", type=int, default=4, help="golden texts sent per cell")
+    parser.add_argument("--variant", help="force this model variant in every cell (default: the tier's)")
     parser.add_argument("--no-native", action="store_true", help="skip the native host row")
     parser.add_argument("--json", type=Path, help="also write the rows to this file")
     args = parser.parse_args(arguments)
@@ -51,12 +53,13 @@ def main(arguments: list[str] | None = None) -> int:
         print(f"[matrix] {arch}: {zip_path.name} ({size_mb:.1f} MB)", file=sys.stderr)
         models = emulation.X86_CPU_MODELS if arch == "x86_64" else emulation.ARM_CPU_MODELS
         if arch == "x86_64" and not args.no_native:
-            cells.append(emulation.run_cell(bundle, "native", args.requests, emulate=False))
+            cells.append(emulation.run_cell(bundle, "native", args.requests, emulate=False,
+                                            variant=args.variant))
             print(emulation.format_table(cells[-1:]), file=sys.stderr)
         for name in models:
             if args.cpu and name not in args.cpu:
                 continue
-            cells.append(emulation.run_cell(bundle, name, args.requests))
+            cells.append(emulation.run_cell(bundle, name, args.requests, variant=args.variant))
             print(emulation.format_table(cells[-1:]).splitlines()[-1], file=sys.stderr)
     if not cells:
         print("[matrix] nothing to run: build a zip first", file=sys.stderr)

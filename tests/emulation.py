@@ -109,6 +109,57 @@ def find_zip(arch: str) -> Path | None:
     return zips[-1] if zips else None
 
 
+BUILT_ZIPS = Path.home() / ".cache" / "decide-build" / "bundles"  # survives fresh clones
+
+
+class BundleUnavailable(RuntimeError):
+    """No zip for the current inputs, and it cannot be built here (tests skip with this)."""
+
+
+def zip_for_current_inputs(arch: str, model_dir: Path, build_log: Path) -> Path:
+    """The zip built from exactly the current inputs, building it when there is none.
+
+    Looked for in order: $DECIDE_ZIP_<ARCH>, dist/, then ~/.cache/decide-build/bundles/<arch>-
+    <inputs digest>/ — the folder build.py writes to when called from here, so a second test run
+    of the same inputs reuses the zip, also from a fresh clone. "Current" is build.py's
+    inputs_digest (build.py, requirements, bundle_spec/, runtime/, platforms/, the model
+    manifest). Raises BundleUnavailable when building is impossible here (no root privileges,
+    no arm64 root), RuntimeError when build.py fails.
+    """
+    override = os.environ.get(f"DECIDE_ZIP_{arch.upper()}")
+    if override:
+        return Path(override)
+    from build_module import load_build_module  # tests/ is on sys.path wherever this is imported
+
+    build = load_build_module()
+    digest = build.inputs_digest(model_dir)
+    out = BUILT_ZIPS / f"{arch}-{digest[:16]}"
+    for folder in (DIST, out):
+        manifest_path = folder / f"decide-{build.VERSION}-linux-{arch}.json"
+        if manifest_path.is_file():
+            manifest = json.loads(manifest_path.read_text())
+            if manifest.get("inputs_digest") == digest and (folder / manifest["zip"]).is_file():
+                return folder / manifest["zip"]
+    if os.geteuid() != 0:
+        raise BundleUnavailable(f"no {arch} zip for the current inputs, and building one needs root")
+    if arch == "aarch64":
+        missing = [s for s in build.ARM64_ROOT_STEPS if not (ARM_LIBC_ROOT.parent / f"done.{s}").exists()]
+        if missing:
+            raise BundleUnavailable(
+                f"no aarch64 zip for the current inputs and no finished arm64 root at {ARM_LIBC_ROOT} "
+                f"(missing steps: {', '.join(missing)}): `python3 build.py --arch aarch64` makes "
+                "both (about 1.5 h the first time)")
+    build_log.parent.mkdir(parents=True, exist_ok=True)
+    with open(build_log, "w", encoding="utf-8") as log:
+        done = subprocess.run([sys.executable, str(REPO / "build.py"), "--arch", arch, "--model",
+                               str(model_dir), "--dist", str(out)], cwd=REPO, stdout=log,
+                              stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"build.py --arch {arch} failed (exit {done.returncode}):\n"
+                           f"{build_log.read_text()[-4000:]}")
+    return out / f"decide-{build.VERSION}-linux-{arch}.zip"
+
+
 def unpack_bundle(zip_path: Path, arch: str) -> Bundle:
     """Unzip once per zip content (cached); `unzip` keeps PyInstaller's symlinks, zipfile does not.
 
@@ -171,19 +222,24 @@ def _problems_of(done: subprocess.CompletedProcess[str], what: str) -> list[str]
     return problems
 
 
-def run_cell(bundle: Bundle, cpu_name: str, requests: int = 4, emulate: bool = True) -> CellResult:
-    """info → selftest → a few requests of the frozen bundle on one CPU model (or natively)."""
+def run_cell(bundle: Bundle, cpu_name: str, requests: int = 4, emulate: bool = True,
+             variant: str | None = None) -> CellResult:
+    """info → selftest → a few requests of the frozen bundle on one CPU model (or natively).
+
+    `variant` forces a model variant (DECIDE_VARIANT) instead of the tier's choice.
+    """
     import time
 
     models = X86_CPU_MODELS if bundle.arch == "x86_64" else ARM_CPU_MODELS
     ld_prefix = ARM_LIBC_ROOT if bundle.arch == "aarch64" else None
+    env = {**os.environ, **({"DECIDE_VARIANT": variant} if variant else {})}
 
     def run(args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         argv = [str(bundle.executable), *args]
         if not emulate:
-            return subprocess.run(argv, input=stdin, capture_output=True, text=True,
+            return subprocess.run(argv, input=stdin, capture_output=True, text=True, env=env,
                                   timeout=EMULATED_TIMEOUT, check=False)
-        return run_emulated(argv, bundle.arch, models[cpu_name], ld_prefix=ld_prefix,
+        return run_emulated(argv, bundle.arch, models[cpu_name], ld_prefix=ld_prefix, env=env,
                             input=stdin, timeout=EMULATED_TIMEOUT)
 
     started = time.monotonic()

@@ -1,8 +1,10 @@
 """Command line: `decide [serve]`, `decide info`, `decide selftest`, `decide bench`.
 
-Order matters: arguments → CPU probe → tier choice → package manifest, all stdlib; only then are
-numpy/onnxruntime imported (runtime.engine). A CPU below the baseline tier is refused with one
-line on stderr and EXIT_CPU_UNSUPPORTED before anything could die with "Illegal instruction".
+Order matters: arguments → CPU probe → tier choice → numeric stack (runtime.stack: which numpy
+goes first on sys.path) → package manifest, all stdlib; only then are numpy/onnxruntime imported
+(runtime.engine). A CPU below the baseline tier, or a tier whose numeric stack is missing, is
+refused with one line on stderr and EXIT_CPU_UNSUPPORTED before anything could die with
+"Illegal instruction".
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from runtime.appdir import DEFAULT_MODEL, find_data_dir
 from runtime.cpu import CpuFeatures, probe
 from runtime.package import Package, PackageError, load_package
 from runtime.protocol import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_TEXTS
+from runtime.stack import LegacyStackMissing, NumericStack, activate, stack_for
 from runtime.tiers import (
     Choice,
     CpuUnsupported,
@@ -109,6 +112,7 @@ class Setup:
     choice: Choice
     package: Package
     threads: int
+    stack: NumericStack
 
 
 def model_dir(args: argparse.Namespace) -> Path:
@@ -130,14 +134,19 @@ def prepare(args: argparse.Namespace) -> Setup:
     features = probe()
     platform = load_platform(find_data_dir("platforms"), features.arch)
     tier_override, variant_override = overrides(args)
-    select(features, platform, None, tier_override)  # refuse the CPU before touching the package
+    # Refuse the CPU, or a tier whose numeric stack is missing, before touching the package.
+    tier = select(features, platform, None, tier_override).tier
+    stack = stack_for(tier)
     package = load_package(model_dir(args))
     choice = select(features, platform, package.manifest.variants.keys(), tier_override, variant_override)
     if args.threads is not None and args.threads < 1:
         raise UsageError("--threads must be at least 1")
     cap = choice.tier.threads_max or features.usable_cores
     threads = args.threads or min(features.usable_cores, cap)
-    return Setup(features, platform, choice, package, threads)
+    activate(stack)  # before runtime.engine imports numpy
+    if stack.path is not None:
+        log.info("numeric stack: %s", stack.reason)
+    return Setup(features, platform, choice, package, threads, stack)
 
 
 def load_engine(setup: Setup, args: argparse.Namespace, variant: str | None = None, max_batch: int = 32):
@@ -238,6 +247,10 @@ def info_report(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
     try:
         choice = select(features, platform, variants, *overrides(args))
         report["choice"] = {"tier": choice.tier.name, "variant": choice.variant, "reasons": list(choice.reasons)}
+        report["numeric_stack"] = stack_for(choice.tier).to_json()
+    except LegacyStackMissing as exc:
+        report["error"] = {"code": "legacy_stack_missing", "message": str(exc)}
+        code = EXIT_CPU_UNSUPPORTED
     except CpuUnsupported as exc:
         report["error"] = {"code": "cpu_unsupported", "message": str(exc)}
         code = EXIT_CPU_UNSUPPORTED
@@ -273,6 +286,9 @@ def format_info(report: dict[str, Any]) -> str:
         choice = report["choice"]
         lines.append(f"choice: tier {choice['tier']}, variant {choice['variant'] or '-'}")
         lines.extend(f"  - {reason}" for reason in choice["reasons"])
+    if "numeric_stack" in report:
+        stack = report["numeric_stack"]
+        lines.append(f"numeric stack: {stack['name']}, numpy {stack['numpy']} ({stack['reason']})")
     if "error" in report:
         lines.append(f"error: {report['error']['message']}")
     return "\n".join(lines)
@@ -287,9 +303,9 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_selftest(args: argparse.Namespace) -> int:
     """Golden set on the chosen variant (or all variants)."""
+    setup = prepare(args)  # chooses the numeric stack: runtime.selftest imports numpy
     from runtime.selftest import check_golden
 
-    setup = prepare(args)
     names = sorted(setup.package.manifest.variants) if args.all_variants else [setup.choice.variant]
     results = [check_golden(load_engine(setup, args, variant=name)) for name in names]
     if args.json:
@@ -306,15 +322,15 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Latency/throughput table per batch size for short and long texts."""
-    from runtime.bench import format_table, run_bench
-
     try:
         batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
     except ValueError as exc:
         raise UsageError(f"--batch-sizes: {exc}") from exc
     if not batch_sizes or min(batch_sizes) < 1:
         raise UsageError("--batch-sizes needs positive integers")
-    setup = prepare(args)
+    setup = prepare(args)  # chooses the numeric stack: runtime.bench imports numpy
+    from runtime.bench import format_table, run_bench
+
     engine = load_engine(setup, args, max_batch=max(batch_sizes))
     report = run_bench(engine, batch_sizes, args.seconds)
     report["tier"] = setup.choice.tier.name
@@ -340,8 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.quiet)
     try:
         return HANDLERS[command](args)
+    except LegacyStackMissing as exc:
+        log.error("%s", exc)
+        return EXIT_CPU_UNSUPPORTED
     except CpuUnsupported as exc:
-        log.error("CPU not supported: %s. decide needs x86-64-v2 (SSE4.2+POPCNT) or ARMv8 NEON.", exc)
+        log.error("CPU not supported: %s. decide needs x86-64 with SSE3 or ARMv8 NEON.", exc)
         return EXIT_CPU_UNSUPPORTED
     except (OverrideError, UsageError) as exc:
         log.error("%s", exc)

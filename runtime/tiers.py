@@ -38,6 +38,7 @@ class Tier:
     threads_max: int = 0  # 0 = every usable core
     ort: dict[str, Any] = field(default_factory=dict)  # session settings, see engine.SessionSettings
     note: str = ""
+    numeric_stack: str = "standard"  # "legacy": numpy 1.26 below x86-64-v2, see runtime/stack.py
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class Choice:
             "reasons": list(self.reasons),
             "tiers": [
                 {"name": c.tier.name, "pass": c.passed, "missing": list(c.missing),
-                 "variants": list(c.tier.variants)}
+                 "variants": list(c.tier.variants), "numeric_stack": c.tier.numeric_stack}
                 for c in self.checks
             ],
         }
@@ -102,6 +103,7 @@ def parse_platform(data: dict[str, Any]) -> PlatformTiers:
                 threads_max=int(threads.get("max", 0)),
                 ort={**defaults.get("ort", {}), **raw.get("ort", {})},
                 note=raw.get("note", ""),
+                numeric_stack=raw.get("numeric_stack", "standard"),
             )
         )
     return PlatformTiers(arch=data["arch"], tiers=tuple(tiers))

@@ -15,14 +15,14 @@ def decide(*args: str, env: dict | None = None, stdin: bytes = b"") -> subproces
                           env={**os.environ, **(env or {})}, timeout=120)
 
 
-def test_cpu_below_x86_64_v2_is_refused_before_numpy_is_imported(tiny_package_dir):
+def test_cpu_without_sse3_is_refused_before_numpy_is_imported(tiny_package_dir):
     code = ("import sys; from runtime.cli import main; rc = main(['--model', sys.argv[1]]); "
             "sys.stderr.write(f'RESULT {rc} {\"numpy\" in sys.modules} {\"onnxruntime\" in sys.modules}')")
     out = subprocess.run([sys.executable, "-c", code, str(tiny_package_dir)], cwd=REPO, capture_output=True,
-                         text=True, env={**os.environ, "DECIDE_FAKE_CPU": "x86_64:sse2,sse3,ssse3"}, timeout=60)
+                         text=True, env={**os.environ, "DECIDE_FAKE_CPU": "x86_64:sse,sse2"}, timeout=60)
     assert "RESULT 3 False False" in out.stderr
     message = [line for line in out.stderr.splitlines() if line.startswith("decide:")]
-    assert len(message) == 1 and "sse4_2, popcnt" in message[0] and "x86-64-v2" in message[0]
+    assert len(message) == 1 and "lacks pni" in message[0] and "SSE3" in message[0]
     assert out.stdout == ""
 
 
@@ -33,11 +33,11 @@ def test_unsupported_cpu_exit_code_from_the_binary(tiny_package_dir):
 
 def test_info_json_lists_every_tier_and_the_choice(tiny_package_dir):
     result = decide("info", "--json", "--model", str(tiny_package_dir),
-                    env={"DECIDE_FAKE_CPU": "x86_64:sse4_2,popcnt,ssse3,avx,avx2,fma"})
+                    env={"DECIDE_FAKE_CPU": "x86_64:sse2,pni,sse4_2,popcnt,ssse3,avx,avx2,fma"})
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert [t["name"] for t in report["tiers"]][:3] == ["v2-sse4.2", "avx", "avx2"]
-    assert [t["pass"] for t in report["tiers"]] == [True, True, True, False, False, False]
+    assert [t["name"] for t in report["tiers"]][:4] == ["baseline", "v2-sse4.2", "avx", "avx2"]
+    assert [t["pass"] for t in report["tiers"]] == [True, True, True, True, False, False, False]
     assert report["choice"]["tier"] == "avx2" and report["choice"]["variant"] == "int8-u8u8"
     assert report["model"]["variants"] == ["fp32", "int8-u8u8"]
 
@@ -53,7 +53,7 @@ def test_info_text_shows_pass_fail_and_reasons(tiny_package_dir):
 
 def test_impossible_overrides_exit_2(tiny_package_dir):
     result = decide("--model", str(tiny_package_dir), "--tier", "avx512-vnni",
-                    env={"DECIDE_FAKE_CPU": "x86_64:sse4_2,popcnt,ssse3,avx,avx2,fma"})
+                    env={"DECIDE_FAKE_CPU": "x86_64:sse2,pni,sse4_2,popcnt,ssse3,avx,avx2,fma"})
     assert result.returncode == 2 and b"avx512vnni" in result.stderr
     result = decide("--model", str(tiny_package_dir), env={"DECIDE_VARIANT": "int8-u8s8"})
     assert result.returncode == 2 and b"not in the model package" in result.stderr
@@ -114,11 +114,11 @@ def test_bench_json_has_every_batch_size_and_the_fixed_padding_rows(tiny_package
 
 
 def test_info_on_an_unsupported_cpu_still_shows_the_table_and_exits_3(tiny_package_dir):
-    result = decide("info", "--json", "--model", str(tiny_package_dir), env={"DECIDE_FAKE_CPU": "x86_64:sse2,sse3"})
+    result = decide("info", "--json", "--model", str(tiny_package_dir), env={"DECIDE_FAKE_CPU": "x86_64:sse,sse2"})
     assert result.returncode == 3
     report = json.loads(result.stdout)
     assert not any(t["pass"] for t in report["tiers"])
-    assert report["error"]["code"] == "cpu_unsupported" and "sse4_2" in report["error"]["message"]
+    assert report["error"]["code"] == "cpu_unsupported" and "pni" in report["error"]["message"]
 
 
 def test_unknown_architecture_exits_3(tiny_package_dir):

@@ -1,20 +1,26 @@
-"""Below x86-64-v2 (Core 2 class: qemu Conroe, Penryn): which numeric stack can run there.
+"""Below x86-64-v2 (Core 2 class: qemu Conroe, Penryn): the legacy numeric stack, from source.
 
-numpy 2.4's baseline is x86-64-v2 (SSE4.2 + POPCNT): on Penryn it refuses at import, on Conroe
-it dies with SIGILL. numpy 1.26.4's baseline is SSE3, and the pinned onnxruntime 1.32 wheel
-(built against the numpy 2 ABI, metadata numpy>=1.21.6) runs with it there, FP32 and int8 alike.
-So the "legacy stack" needs no second onnxruntime: numpy 1.26.4 + the same ORT 1.32 (costs
-+15.0 MB zipped as a second numpy next to 2.4.6, or +1.5 MB if it replaces numpy 2.4.6).
-ORT 1.16.3 (the other candidate) works too but would add a second ORT (+21 MB zipped).
+Why it exists: numpy 2.4's baseline is x86-64-v2 (SSE4.2 + POPCNT): on Penryn it refuses at
+import, on Conroe it dies with SIGILL (test_pinned_numpy_2_cannot_run_below_v2). numpy 1.26.4's
+baseline is SSE3, and the pinned onnxruntime 1.32 wheel (built against the numpy 2 ABI, metadata
+numpy>=1.21.6) runs with it there, FP32 and int8 alike. So the legacy stack needs no second
+onnxruntime (ORT 1.16.3, the other candidate, works too but would add +21 MB zipped).
 
-These tests run a small ONNX model (MatMul/Relu/Softmax, and its dynamic-int8 form) plus a
-tokenizers call under emulation with each stack. numpy 1.26.4 is fetched with pip into
-~/.cache/decide-build/legacy (PyPI only).
+Decision (issue 5): the `baseline` tier of platforms/x86_64.json uses it (runtime/stack.py); the
+frozen bundle ships it in _internal/legacy (build.py, about +17 MB zipped), proven by
+tests/test_matrix.py's Conroe cell. Here, from source: `python -m runtime` on emulated Conroe
+picks the baseline tier and the legacy numpy by itself, and refuses with exit 3 naming
+numpy 1.26.4 when it is not available.
+
+numpy 1.26.4 is fetched with pip into ~/.cache/decide-build/legacy (PyPI only). CI runs the
+Conroe cases of the CLI and the numpy 2 failure; DECIDE_MATRIX=full adds Penryn and the bare
+numpy 1.26 + onnxruntime probe (FP32 and int8).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,8 +29,12 @@ import emulation
 import numpy as np
 import pytest
 
-LEGACY_NUMPY = "numpy==1.26.4"
+from runtime.stack import ENV_LEGACY_PATH, LEGACY_NUMPY
+
 CACHE = Path.home() / ".cache" / "decide-build" / "legacy"
+REPO = Path(__file__).resolve().parent.parent
+FULL = os.environ.get("DECIDE_MATRIX") == "full"
+BELOW_V2 = ["Conroe", "Penryn"] if FULL else ["Conroe"]
 
 PROBE = '''\
 import json, sys
@@ -86,15 +96,22 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarra
     return out, x, reference / reference.sum(axis=1, keepdims=True)
 
 
-def run_stack(cpu: str, paths: list[Path], model: Path, x: np.ndarray) -> subprocess.CompletedProcess:
-    """Run PROBE with only `paths` importable (-S: no site-packages) on an emulated x86 CPU."""
+def run_python(cpu: str, paths: list[Path], args: list[str], extra_env: dict[str, str] | None = None,
+               stdin: str | None = None) -> subprocess.CompletedProcess:
+    """Run Python with only `paths` importable (-S: no site-packages) on an emulated x86 CPU."""
     try:
         emulation.ensure_qemu()
     except emulation.EmulationUnavailable as exc:
         pytest.skip(str(exc))
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(str(p) for p in paths)}
-    argv = [sys.executable, "-S", "-c", PROBE, str(model), json.dumps(x.tolist())]
-    return emulation.run_emulated(argv, "x86_64", cpu, env=env, timeout=600)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(str(p) for p in paths), **(extra_env or {})}
+    # The resolved interpreter: a wrapper script (pyenv shim) would exec it natively.
+    argv = [str(Path(sys.executable).resolve()), "-S", *args]
+    return emulation.run_emulated(argv, "x86_64", cpu, env=env, input=stdin, timeout=900)
+
+
+def run_stack(cpu: str, paths: list[Path], model: Path, x: np.ndarray) -> subprocess.CompletedProcess:
+    """PROBE (numpy + onnxruntime + tokenizers) with only `paths` importable, on an emulated CPU."""
+    return run_python(cpu, paths, ["-c", PROBE, str(model), json.dumps(x.tolist())])
 
 
 def pinned_site_packages() -> Path:
@@ -104,6 +121,7 @@ def pinned_site_packages() -> Path:
     return Path(onnxruntime.__file__).resolve().parent.parent
 
 
+@pytest.mark.skipif(not FULL, reason="DECIDE_MATRIX=full: CI proves the stack through the CLI and the frozen Conroe cell")
 @pytest.mark.parametrize("cpu", ["Conroe", "Penryn"])
 def test_numpy_126_with_pinned_onnxruntime_runs_below_v2(cpu: str, model_dir) -> None:
     model, x, reference = model_dir
@@ -117,7 +135,7 @@ def test_numpy_126_with_pinned_onnxruntime_runs_below_v2(cpu: str, model_dir) ->
     assert np.abs(np.asarray(out["int8"]) - reference).max() < 2e-2
 
 
-@pytest.mark.parametrize("cpu,signature", [("Conroe", "sigill"), ("Penryn", "baseline")])
+@pytest.mark.parametrize("cpu,signature", [("Conroe", "sigill"), ("Penryn", "baseline")][:len(BELOW_V2)])
 def test_pinned_numpy_2_cannot_run_below_v2(cpu: str, signature: str, model_dir) -> None:
     """Why the legacy stack exists: today's pins on a Core 2."""
     model, x, _ = model_dir
@@ -127,3 +145,31 @@ def test_pinned_numpy_2_cannot_run_below_v2(cpu: str, signature: str, model_dir)
         assert done.returncode == emulation.SIGILL_EXIT
     else:
         assert "X86_V2" in done.stderr
+
+
+# ----------------------------------------------------------------------------- `python -m runtime`
+
+@pytest.mark.parametrize("cpu", BELOW_V2)
+def test_source_run_below_v2_serves_on_the_legacy_numpy(cpu: str, tiny_package_dir: Path) -> None:
+    """numpy 2.4 is the installed one; the launcher must put DECIDE_LEGACY_PATH first by itself."""
+    paths = [REPO, pinned_site_packages()]
+    env = {ENV_LEGACY_PATH: str(legacy_numpy_dir())}
+    info = run_python(cpu, paths, ["-m", "runtime", "info", "--json", "--model", str(tiny_package_dir)], env)
+    assert info.returncode == 0, info.stderr[-2000:]
+    report = json.loads(info.stdout)
+    assert report["choice"]["tier"] == "baseline"
+    assert (report["numeric_stack"]["name"], report["numeric_stack"]["numpy"]) == ("legacy", "1.26.4")
+    requests = '{"id": 1, "text": "rain and snow"}\n{"id": 2, "text": "Pumpe 3: Vibration über Grenzwert"}\n'
+    served = run_python(cpu, paths, ["-m", "runtime", "--model", str(tiny_package_dir)], env, stdin=requests)
+    assert served.returncode == 0, served.stderr[-2000:]
+    answers = [json.loads(line) for line in served.stdout.splitlines()]
+    assert [a["label"] for a in answers] == ["weather", "tech"]
+
+
+def test_source_run_below_v2_without_legacy_numpy_exits_3_naming_it(tiny_package_dir: Path) -> None:
+    done = run_python("Conroe", [REPO, pinned_site_packages()], ["-m", "runtime", "--model", str(tiny_package_dir)],
+                      stdin='{"id": 1, "text": "hello"}\n')
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and LEGACY_NUMPY in lines[0]

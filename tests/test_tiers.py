@@ -11,7 +11,9 @@ from runtime.tiers import CpuUnsupported, NoUsableVariant, OverrideError, load_p
 PLATFORMS = Path(__file__).resolve().parent.parent / "platforms"
 ALL_VARIANTS = ("fp32", "int8-u8u8", "int8-u8s8")
 
-V2 = {"sse2", "ssse3", "sse4_1", "sse4_2", "popcnt"}
+CORE2 = {"sse2", "pni", "ssse3"}  # Conroe: pni is py-cpuinfo's name for SSE3
+K10 = {"sse2", "pni", "popcnt", "sse4a"}  # AMD Phenom II: SSE3 and POPCNT, no SSSE3
+V2 = CORE2 | {"sse4_1", "sse4_2", "popcnt"}
 AVX = V2 | {"avx", "os_avx", "osxsave"}
 AVX2 = AVX | {"avx2", "fma", "f16c"}
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "os_avx512"}
@@ -24,6 +26,9 @@ def cpu(arch: str, flags: set[str]) -> CpuFeatures:
 @pytest.mark.parametrize(
     "arch, flags, tier, variant",
     [
+        ("x86_64", CORE2, "baseline", "fp32"),  # below x86-64-v2
+        ("x86_64", CORE2 | {"sse4_1"}, "baseline", "fp32"),  # Penryn: SSE4.1 but no SSE4.2/POPCNT
+        ("x86_64", K10, "baseline", "fp32"),
         ("x86_64", V2, "v2-sse4.2", "fp32"),  # no AVX (Nehalem)
         ("x86_64", AVX, "avx", "fp32"),  # Sandy Bridge
         ("x86_64", AVX2, "avx2", "int8-u8u8"),  # Haswell: u8s8 would saturate
@@ -41,9 +46,19 @@ def test_fake_cpu_gets_expected_tier_and_variant(arch, flags, tier, variant):
     assert [c.tier.name for c in choice.checks if c.passed][-1] == tier
 
 
-def test_x86_below_v2_is_refused_naming_missing_flags():
-    with pytest.raises(CpuUnsupported, match="sse4_2, popcnt"):
-        select(cpu("x86_64", {"sse2", "sse3", "ssse3"}), load_platform(PLATFORMS, "x86_64"), ALL_VARIANTS)
+def test_core2_gets_the_baseline_tier_with_the_legacy_numeric_stack():
+    """numpy 2.4 cannot run below x86-64-v2: that tier, and only that one, asks for numpy 1.26."""
+    platform = load_platform(PLATFORMS, "x86_64")
+    choice = select(cpu("x86_64", CORE2), platform, ALL_VARIANTS)
+    assert (choice.tier.name, choice.tier.numeric_stack) == ("baseline", "legacy")
+    assert [c.tier.name for c in choice.checks if c.passed] == ["baseline"]
+    assert {t.name for t in platform.tiers if t.numeric_stack == "legacy"} == {"baseline"}
+    assert all(t.numeric_stack == "standard" for t in platform.tiers if "sse4_2" in t.requires)
+
+
+def test_x86_without_sse3_is_refused_naming_missing_flags():
+    with pytest.raises(CpuUnsupported, match="pni"):  # early Athlon 64 / Pentium 4: SSE2 only
+        select(cpu("x86_64", {"sse", "sse2"}), load_platform(PLATFORMS, "x86_64"), ALL_VARIANTS)
 
 
 def test_arm_without_neon_is_refused():
@@ -105,6 +120,7 @@ def test_platform_files_are_consistent(path):
     for tier in platform.tiers:
         assert set(tier.variants) <= set(ALL_VARIANTS)
         assert tier.ort["graph_optimization_level"] != "all"  # ALL ties the graph to one CPU
+        assert tier.numeric_stack in ("standard", "legacy")  # runtime/stack.py knows no other
     # Baseline first: each tier's requirements include the baseline's.
     baseline = set(platform.tiers[0].requires)
     assert all(baseline <= set(t.requires) for t in platform.tiers)

@@ -138,14 +138,11 @@ class Engine:
             # A batch of one needs no padding at all: run it at its own length (a 10-token text
             # padded to 16 would cost ~60% more for nothing). Buckets matter once rows share a shape.
             length = len(batch_items[0].ids) if len(batch_items) == 1 else batch.length
-            probs = self.run_padded(batch_items, length)
-            for row, index in enumerate(batch.indices):
-                best = int(np.argmax(probs[row]))
+            rows = self.run_padded(batch_items, length).tolist()  # Python floats in one step
+            for row, index in zip(rows, batch.indices):
+                best = max(range(len(row)), key=row.__getitem__)
                 results[index] = Classification(
-                    label=self.labels[best],
-                    score=float(probs[row, best]),
-                    probs=tuple(float(p) for p in probs[row]),
-                    truncated=items[index].truncated,
+                    label=self.labels[best], score=row[best], probs=tuple(row), truncated=items[index].truncated,
                 )
         return [r for r in results if r is not None]
 

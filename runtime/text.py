@@ -51,8 +51,11 @@ class TextEncoder:
         self.pad_id = pad_id
 
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
-        """Tokenize a batch (Rust-side parallel batch encode)."""
-        encodings = self.tokenizer.encode_batch(list(texts))
+        """Tokenize a batch (Rust-side parallel batch encode; one text skips the thread pool)."""
+        if len(texts) == 1:
+            encodings = [self.tokenizer.encode(texts[0])]
+        else:
+            encodings = self.tokenizer.encode_batch(list(texts))
         return [Encoded(tuple(e.ids), bool(e.overflowing)) for e in encodings]
 
 

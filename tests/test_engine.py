@@ -1,6 +1,8 @@
 """Engine on the tiny package (labels, padding invariance, batching, checksum refusal) and on the
 real default model when present (int8 vs FP32 agreement on the golden set)."""
 
+import math
+import random
 import shutil
 
 import numpy as np
@@ -47,6 +49,55 @@ def test_plan_batches_groups_by_bucket_and_respects_limits():
     plan = plan_batches([3, 40, 5, 20, 7, 100], buckets=(16, 32, 64, 128), max_batch=2, max_batch_tokens=128)
     assert [(b.length, b.indices) for b in plan] == [(16, (0, 2)), (16, (4,)), (32, (3,)), (64, (1,)), (128, (5,))]
     assert sorted(i for b in plan for i in b.indices) == list(range(6))
+
+
+def plan_cost(plan, call_cost):
+    return sum(call_cost + len(b.indices) * b.length for b in plan)
+
+
+def test_plan_batches_merges_a_lone_text_into_the_next_bucket_when_cheaper():
+    # one text of 3 and one of 5 tokens: one call at 6 (10 + 2×6) beats two calls (10+4 + 10+6)
+    plan = plan_batches([3, 5], buckets=(4, 6, 8), call_cost_tokens=10)
+    assert [(b.length, b.indices) for b in plan] == [(6, (0, 1))]
+    # twenty short texts and one long one: padding the short ones to 128 would cost far more
+    plan = plan_batches([3] * 20 + [100], buckets=(4, 128), call_cost_tokens=10)
+    assert [(b.length, len(b.indices)) for b in plan] == [(4, 20), (128, 1)]
+
+
+def all_merges(lengths):
+    """Every way to cut the sorted bucket list into contiguous runs."""
+    if not lengths:
+        yield []
+        return
+    for cut in range(1, len(lengths) + 1):
+        for rest in all_merges(lengths[cut:]):
+            yield [lengths[:cut]] + rest
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_plan_batches_is_as_cheap_as_the_best_merge_found_by_brute_force(seed):
+    rng = random.Random(seed)
+    buckets = (4, 6, 8, 12, 16, 24, 32, 64, 128)
+    counts = [rng.choice([rng.randint(2, 16), rng.randint(2, 128)]) for _ in range(rng.randint(1, 40))]
+    max_batch, max_tokens, call_cost = rng.choice([2, 8, 32]), rng.choice([64, 512, 2048]), rng.choice([1, 10, 40])
+    plan = plan_batches(counts, buckets, max_batch, max_tokens, call_cost)
+    assert sorted(i for b in plan for i in b.indices) == list(range(len(counts)))
+    for batch in plan:
+        assert len(batch.indices) <= max(1, min(max_batch, max_tokens // batch.length))
+        assert all(counts[i] <= batch.length for i in batch.indices)
+    rows = {}
+    for n in counts:
+        bucket = next(b for b in buckets if n <= b)
+        rows[bucket] = rows.get(bucket, 0) + 1
+    best = math.inf
+    for runs in all_merges(sorted(rows)):
+        cost = 0
+        for run in runs:
+            length, n = run[-1], sum(rows[b] for b in run)
+            per_batch = max(1, min(max_batch, max_tokens // length))
+            cost += math.ceil(n / per_batch) * call_cost + n * length
+        best = min(best, cost)
+    assert plan_cost(plan, call_cost) == best
 
 
 def test_checksum_mismatch_is_refused_naming_the_file(tiny_package_dir, tmp_path):

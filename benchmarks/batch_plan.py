@@ -1,0 +1,86 @@
+"""Figures behind the engine's batching constants (runtime/batching.py, runtime/text.py):
+
+1. the fixed cost of one session.run in token rows: batch 1 against batch 32 at the same length;
+2. the golden texts (×8) through the engine with the default buckets and the planner, against
+   the coarser buckets of 0.1.0 (8, 12, 16, 24, 32, 48, 64, 96, 128), in CPU ms per text.
+
+    python3 benchmarks/batch_plan.py [--model DIR] [--variant int8-u8u8] [--rounds 6]
+
+CPU time (process_time, all threads) is used: it is what load from other processes distorts least.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from runtime.engine import Engine, EngineLimits, SessionSettings  # noqa: E402
+from runtime.package import load_package, read_golden  # noqa: E402
+from runtime.text import DEFAULT_BUCKETS, Encoded  # noqa: E402
+
+COARSE_BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
+def cpu_ms(call, repeats: int, rounds: int) -> float:
+    """Median CPU milliseconds of one call."""
+    samples = []
+    for _ in range(rounds):
+        start = time.process_time()
+        for _ in range(repeats):
+            call()
+        samples.append((time.process_time() - start) * 1000 / repeats)
+    return statistics.median(samples)
+
+
+def call_cost(engine: Engine, rounds: int) -> None:
+    """Figure 1."""
+    print("length  batch-1 ms  batch-32 ms/row  fixed cost of a call (token rows)")
+    for length in (4, 8, 16, 32):
+        item = Encoded((5,) * length, False)
+        one = cpu_ms(lambda: engine.run_padded([item], length), 10, rounds)
+        row = cpu_ms(lambda: engine.run_padded([item] * 32, length), 1, rounds) / 32
+        print(f"{length:6d}  {one:10.3f}  {row:15.3f}  {(one - row) / row * length:8.1f}")
+
+
+def bucket_choice(model: Path, variant: str, threads: int, rounds: int) -> None:
+    """Figure 2, the two settings interleaved round by round."""
+    package = load_package(model)
+    texts = [g["text"] for g in read_golden(package)] * 8
+    engines = {name: Engine(package, variant, SessionSettings(threads=threads), EngineLimits(buckets=buckets))
+               for name, buckets in (("coarse 0.1.0", COARSE_BUCKETS), ("default", DEFAULT_BUCKETS))}
+    samples: dict[str, list[float]] = {name: [] for name in engines}
+    for engine in engines.values():
+        engine.warm_up()
+        engine.classify(texts)
+    for _ in range(rounds):
+        for name, engine in engines.items():
+            start = time.process_time()
+            engine.classify(texts)
+            samples[name].append((time.process_time() - start) * 1000 / len(texts))
+    for name, values in samples.items():
+        print(f"{name:13s} buckets: {statistics.median(values):.3f} CPU ms/text (median of {rounds}), "
+              f"min {min(values):.3f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=REPO / "models" / "topics-multilingual")
+    parser.add_argument("--variant", default="int8-u8u8")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=6)
+    args = parser.parse_args()
+    engine = Engine(load_package(args.model), args.variant, SessionSettings(threads=args.threads))
+    engine.warm_up()
+    call_cost(engine, args.rounds)
+    bucket_choice(args.model, args.variant, args.threads, args.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

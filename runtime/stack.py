@@ -83,7 +83,7 @@ def choose_stack(
     """The stack for `tier`: standard, or legacy from the first candidate directory holding numpy
     1.x, or the installed numpy if it is 1.x. Raises LegacyStackMissing naming what to install."""
     if tier.numeric_stack != LEGACY:
-        return NumericStack(STANDARD, None, installed_numpy or "bundled",
+        return NumericStack(STANDARD, None, installed_numpy or "unknown",
                             f"tier {tier.name} runs the standard numpy")
     why = f"tier {tier.name} is below x86-64-v2, where numpy 2 cannot run"
     for directory in candidates:
@@ -104,9 +104,7 @@ def choose_stack(
 def stack_for(tier: Tier) -> NumericStack:
     """choose_stack for this process (environment, frozen or not, installed numpy)."""
     frozen = bool(getattr(sys, "frozen", False))
-    # Frozen, numpy has no metadata in the bundle; its numpy is the standard one by construction.
-    installed = None if frozen else installed_numpy_version()
-    return choose_stack(tier, legacy_candidates(os.environ, frozen), installed)
+    return choose_stack(tier, legacy_candidates(os.environ, frozen), installed_numpy_version())
 
 
 def activate(stack: NumericStack) -> None:

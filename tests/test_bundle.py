@@ -171,6 +171,21 @@ def test_selftest_passes_in_the_moved_bundle(bundle: Path) -> None:
     assert done.returncode == EXIT_OK, done.stdout + done.stderr
 
 
+def test_legacy_numeric_stack_is_the_one_imported_when_its_tier_is_forced(bundle: Path) -> None:
+    """What a Core 2 gets (emulated: tests/test_matrix.py Conroe), natively: numpy 1.26 from
+    _internal/legacy overrides the numpy 2.4 frozen into the PYZ, and the model still answers."""
+    info = run_decide(bundle, "info", "--json", "--tier", "baseline")
+    assert info.returncode == EXIT_OK, info.stderr
+    stack = json.loads(info.stdout)["numeric_stack"]
+    assert (stack["name"], stack["numpy"]) == ("legacy", "1.26.4")
+    assert Path(stack["path"]) == bundle / "_internal" / "legacy"
+    done = run_decide(bundle, "selftest", "--tier", "baseline")
+    assert done.returncode == EXIT_OK, done.stdout + done.stderr
+    assert "numpy 1.26.4 from" in done.stderr  # logged when the stack is activated
+    standard = json.loads(run_decide(bundle, "info", "--json").stdout)["numeric_stack"]
+    assert standard["name"] == "standard" and not standard["numpy"].startswith("1.")
+
+
 def tampered_model(bundle: Path, tmp_path: Path) -> Path:
     """A copy of the bundled model package that the test may break."""
     copy = tmp_path / MODEL_NAME

@@ -26,9 +26,9 @@ def cpu(arch: str, flags: set[str]) -> CpuFeatures:
 @pytest.mark.parametrize(
     "arch, flags, tier, variant",
     [
-        ("x86_64", CORE2, "baseline", "fp32"),  # below x86-64-v2
-        ("x86_64", CORE2 | {"sse4_1"}, "baseline", "fp32"),  # Penryn: SSE4.1 but no SSE4.2/POPCNT
-        ("x86_64", K10, "baseline", "fp32"),
+        ("x86_64", CORE2, "baseline", "int8-u8u8"),  # below x86-64-v2
+        ("x86_64", CORE2 | {"sse4_1"}, "baseline", "int8-u8u8"),  # Penryn: SSE4.1 but no SSE4.2/POPCNT
+        ("x86_64", K10, "baseline", "int8-u8u8"),
         ("x86_64", V2, "v2-sse4.2", "fp32"),  # no AVX (Nehalem)
         ("x86_64", AVX, "avx", "fp32"),  # Sandy Bridge
         ("x86_64", AVX2, "avx2", "int8-u8u8"),  # Haswell: u8s8 would saturate

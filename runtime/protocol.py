@@ -191,6 +191,9 @@ def result_json(label: str, score: float, probs: tuple[float, ...], labels: tupl
     }
 
 
+_RESPONSE_ENCODER = json.JSONEncoder(ensure_ascii=False)  # one instance: json.dumps builds one per call
+
+
 def encode_line(response: dict[str, Any]) -> bytes:
     """One response as a UTF-8 JSON line (non-ASCII kept as is, newline-terminated)."""
-    return json.dumps(response, ensure_ascii=False, separators=(", ", ": ")).encode("utf-8") + b"\n"
+    return _RESPONSE_ENCODER.encode(response).encode("utf-8") + b"\n"

@@ -122,9 +122,40 @@ def test_debian_versions_sort_numerically() -> None:
     assert newest_first == ["3.11.2-6+deb12u10", "3.11.2-6+deb12u9", "3.11.2-6+deb12u8", "3.11.2-6"]
 
 
-def test_aarch64_is_refused_clearly(capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_emulated_root_runs_its_commands_under_qemu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """aarch64 on an x86_64 host: chroot means qemu_user's private binfmt_misc, not plain chroot."""
+    commands: list[list[str]] = []
+    monkeypatch.setattr(build, "run", lambda cmd, **_: commands.append(cmd) or "")
+    monkeypatch.setattr(build.platform, "machine", lambda: "x86_64")
+    arm = build.BuildRoot(tmp_path / "root", build.ARCHES["aarch64"])
+    native = build.BuildRoot(tmp_path / "root", build.ARCHES["x86_64"])
+    assert arm.emulated and not native.emulated
+    arm.chroot(["/build/venv/bin/pyinstaller", "x.spec"], tmp_path / "log", nice=10)
+    native.chroot(["/build/venv/bin/pyinstaller", "x.spec"], tmp_path / "log", nice=10)
+    emulated, plain = commands
+    assert emulated[emulated.index("_inside"):emulated.index("--")] == [
+        "_inside", "--arch", "aarch64", "--cpu", "cortex-a72", "--root", str(tmp_path / "root")]
+    assert emulated[-2:] == plain[-2:] == ["/build/venv/bin/pyinstaller", "x.spec"]
+    assert plain[:5] == ["nice", "-n", "10", "chroot", str(tmp_path / "root")]
+
+
+def test_dpkg_owners_are_read_from_the_roots_file_lists(tmp_path: Path) -> None:
+    info = tmp_path / "var" / "lib" / "dpkg" / "info"
+    info.mkdir(parents=True)
+    (info / "libssl1.1:arm64.list").write_text("/.\n/usr/lib/aarch64-linux-gnu/libssl.so.1.1\n")
+    (info / "zlib1g:arm64.list").write_text("/lib/aarch64-linux-gnu/libz.so.1\n")
+    (info / "zlib1g:arm64.md5sums").write_text("0123 lib/aarch64-linux-gnu/not-a-listed-file\n")
+    owners = build.dpkg_file_owners(tmp_path)
+    assert owners["/usr/lib/aarch64-linux-gnu/libssl.so.1.1"] == "libssl1.1"
+    assert owners["/lib/aarch64-linux-gnu/libz.so.1"] == "zlib1g"
+    assert "lib/aarch64-linux-gnu/not-a-listed-file" not in owners
+
+
+def test_building_another_arch_needs_an_x86_64_host(capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build.platform, "machine", lambda: "ppc64le")
     assert build.main(["--arch", "aarch64"]) == 2
-    assert "aarch64 is not supported yet" in capsys.readouterr().err
+    assert "building aarch64 on ppc64le is not supported" in capsys.readouterr().err
 
 
 def test_unknown_arch_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

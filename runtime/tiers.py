@@ -163,7 +163,7 @@ def select(
         baseline = checks[0]
         raise CpuUnsupported(
             f"this {platform.arch} CPU lacks {', '.join(baseline.missing)} "
-            f"(needed by the baseline tier {baseline.tier.name})"
+            f"(needed by {baseline.tier.name!r}, the lowest tier decide supports)"
         )
 
     if available_variants is None:

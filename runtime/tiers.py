@@ -28,6 +28,9 @@ class NoUsableVariant(Exception):
     """The model package has none of the variants the chosen tier can use."""
 
 
+# py-cpuinfo names that users would not recognise in an error message
+_FLAG_DISPLAY = {"pni": "pni (SSE3)", "asimd": "asimd (NEON)"}
+
 @dataclass(frozen=True)
 class Tier:
     """One CPU tier: what it requires and which model variants it prefers, best first."""
@@ -162,7 +165,7 @@ def select(
     else:
         baseline = checks[0]
         raise CpuUnsupported(
-            f"this {platform.arch} CPU lacks {', '.join(baseline.missing)} "
+            f"this {platform.arch} CPU lacks {', '.join(_FLAG_DISPLAY.get(f, f) for f in baseline.missing)} "
             f"(needed by {baseline.tier.name!r}, the lowest tier decide supports)"
         )
 

@@ -57,6 +57,7 @@ ARM_CPU_MODELS: dict[str, str] = {
 
 DIST = REPO / "dist"
 UNPACK_CACHE = Path.home() / ".cache" / "decide" / "matrix"
+KEEP_UNPACKED = 3  # per zip name: ~140 MB each
 ARM_LIBC_ROOT = Path.home() / ".cache" / "decide-build" / "aarch64" / "root"
 EMULATED_TIMEOUT = 1800  # s per command: ORT session creation alone is slow under TCG
 # Flags shown in the table: the ones the tiers turn on.
@@ -177,7 +178,9 @@ def unpack_bundle(zip_path: Path, arch: str) -> Bundle:
     key = f"{zip_path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
     target = UNPACK_CACHE / key
     if not (target / ".complete").exists():
-        for stale in UNPACK_CACHE.glob(f"{zip_path.stem}-*"):  # earlier builds of this zip
+        # Earlier builds of this zip: keep the newest few, another run may still be using them.
+        earlier = sorted(UNPACK_CACHE.glob(f"{zip_path.stem}-*"), key=lambda p: p.stat().st_mtime)
+        for stale in earlier[:-KEEP_UNPACKED]:
             shutil.rmtree(stale, ignore_errors=True)
         target.mkdir(parents=True)
         subprocess.run(["unzip", "-q", str(zip_path), "-d", str(target)], check=True)

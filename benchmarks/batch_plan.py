@@ -2,7 +2,9 @@
 
 1. the fixed cost of one session.run in token rows: batch 1 against batch 32 at the same length;
 2. the golden texts (×8) through the engine with the default buckets and the planner, against
-   the coarser buckets of 0.1.0 (8, 12, 16, 24, 32, 48, 64, 96, 128), in CPU ms per text.
+   the coarser buckets of 0.1.0 (8, 12, 16, 24, 32, 48, 64, 96, 128), in CPU ms per text;
+3. random batches of 16 golden texts (what 16 socket clients make) against one text at a time,
+   in wall ms per text: the engine's own ceiling for the socket service's 16-client figure.
 
     python3 benchmarks/batch_plan.py [--model DIR] [--variant int8-u8u8] [--rounds 6]
 
@@ -12,6 +14,7 @@ CPU time (process_time, all threads) is used: it is what load from other process
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import time
@@ -68,6 +71,26 @@ def bucket_choice(model: Path, variant: str, threads: int, rounds: int) -> None:
               f"min {min(values):.3f}")
 
 
+def batches_of_16(engine: Engine, texts: list[str], rounds: int) -> None:
+    """Figure 3: throughput is wall time, so wall time here."""
+    rng = random.Random(3)
+    batches = [[texts[rng.randrange(len(texts))] for _ in range(16)] for _ in range(20)]
+    n = 16 * len(batches)
+    one, sixteen = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for batch in batches:
+            for text in batch:
+                engine.classify([text])
+        one.append((time.perf_counter() - start) * 1000 / n)
+        start = time.perf_counter()
+        for batch in batches:
+            engine.classify(batch)
+        sixteen.append((time.perf_counter() - start) * 1000 / n)
+    a, b = statistics.median(one), statistics.median(sixteen)
+    print(f"random batches of 16: {b:.3f} wall ms/text (≤ {1000 / b:.0f} texts/s) vs one at a time {a:.3f} → {a / b:.2f}×")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=REPO / "models" / "topics-multilingual")
@@ -78,6 +101,7 @@ def main() -> int:
     engine = Engine(load_package(args.model), args.variant, SessionSettings(threads=args.threads))
     engine.warm_up()
     call_cost(engine, args.rounds)
+    batches_of_16(engine, [g["text"] for g in read_golden(engine.package)], args.rounds)
     bucket_choice(args.model, args.variant, args.threads, args.rounds)
     return 0
 

@@ -89,19 +89,13 @@ def torch_system(checkpoint: Path, threads: int) -> Contender:
     return Contender(classify, classify)
 
 
-def _softmax_rows(logits: Any) -> list[list[float]]:
-    import numpy as np
-
-    shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
-    exp = np.exp(shifted)
-    return (exp / exp.sum(axis=1, keepdims=True)).tolist()
-
-
 def bare_system(model: Path, variant: str, threads: int, fixed_length: int | None) -> Contender:
     """(b) protocol_overhead.BareLoop: its batch-1 call as is; batches padded to the longest text
     (fastembed's way). With fixed_length: (c) every input padded to that length (the article)."""
     import numpy as np
     from protocol_overhead import BareLoop
+
+    from runtime.engine import softmax_rows  # the same post-processing as decide: not what is compared
 
     bare = BareLoop(model, variant, threads)
     tokenizer = bare.tokenizer
@@ -120,7 +114,7 @@ def bare_system(model: Path, variant: str, threads: int, fixed_length: int | Non
         ids = np.array([e.ids for e in encodings], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
         (logits,) = bare.session.run(["logits"], {"input_ids": ids, "attention_mask": mask})
-        return _softmax_rows(logits)
+        return softmax_rows(logits)
 
     if fixed_length is not None:
         return Contender(classify, classify)

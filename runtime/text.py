@@ -64,9 +64,6 @@ class TextEncoder:
 
 def pad_batch(items: Sequence[Encoded], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """input_ids and attention_mask (int64 [batch, length]) for items no longer than `length`."""
-    if len(items) == 1 and len(items[0].ids) == length:  # batch-1 traffic: nothing to pad
-        input_ids = np.array([items[0].ids], dtype=np.int64)
-        return input_ids, np.ones_like(input_ids)
     input_ids = np.full((len(items), length), pad_id, dtype=np.int64)
     attention_mask = np.zeros((len(items), length), dtype=np.int64)
     for row, item in enumerate(items):

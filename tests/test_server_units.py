@@ -10,17 +10,9 @@ import pytest
 
 from runtime import sdnotify
 from runtime.protocol import ClassifyRequest
-from runtime.server import (
-    ListenError,
-    Pending,
-    RequestQueue,
-    check_socket_directory,
-    is_loopback,
-    parse_proc_status,
-    parse_tcp_address,
-    percentile,
-)
-from runtime.stdio import LineSplitter, split_lines
+from runtime.framing import LineSplitter, split_lines
+from runtime.listen import ListenError, check_socket_directory, is_loopback, parse_tcp_address
+from runtime.server import Pending, RequestQueue, parse_proc_status, percentile
 
 
 def split_incrementally(chunks: list[bytes], limit: int) -> list:

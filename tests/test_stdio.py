@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from runtime.protocol import LineTooLong
-from runtime.stdio import split_lines
+from runtime.framing import split_lines
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -145,7 +145,7 @@ def test_utf8_regardless_of_locale(tiny_package_dir):
 
 
 def test_stray_prints_cannot_reach_the_wire():
-    code = ("import os; from runtime.stdio import protect_stdout, write_all; w = protect_stdout(); "
+    code = ("import os; from runtime.stdio import protect_stdout; from runtime.framing import write_all; w = protect_stdout(); "
             "print('stray print'); os.write(1, b'stray fd write\\n'); write_all(w, b'wire\\n')")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, timeout=30)
     assert out.stdout == b"wire\n"

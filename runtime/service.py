@@ -242,9 +242,11 @@ class Service:
         try:
             return encode_line(response)
         except Exception as exc:  # noqa: BLE001 — e.g. an id that cannot be written back
-            request_id = response.get("id")
-            safe_id = request_id if isinstance(request_id, (str, bool, type(None))) else None
-            return encode_line(self.error(safe_id, INTERNAL_ERROR, f"cannot encode the answer: {_describe(exc)}"))
+            error = self.error(response.get("id"), INTERNAL_ERROR, f"cannot encode the answer: {_describe(exc)}")
+        try:
+            return encode_line(error)
+        except Exception:  # noqa: BLE001 — then the id itself is the problem: answer without it
+            return encode_line({**error, "id": None})
 
     def answer_lines(self, lines: Sequence[bytes | LineTooLong]) -> list[bytes]:
         """Every non-blank line's response line, in input order; classify requests in one call."""

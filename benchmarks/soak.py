@@ -232,6 +232,67 @@ def soak_socket(command: list[str], total: int, clients: int, rng: random.Random
             "traceback": "Traceback" in err}
 
 
+def huge_texts(command: list[str], socket_command: list[str], lines: int, clients: int) -> list[dict]:
+    """Peak RSS when every line is a ~1 MiB text (issue 15: 128 such lines once took 7.2 GB over
+    stdio, 1.9 GB on the socket): `lines` lines over stdio, then `clients` × lines/clients over
+    the socket. Every answer must come back truncated."""
+    text = "rain " + "q" * ((1 << 20) - 64)
+    payload = [json.dumps({"id": f"h-{i}", "text": text}).encode() for i in range(lines)]
+    rows = []
+    proc = subprocess.Popen([*command, "-q"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    out, _ = proc.communicate(b"\n".join(payload) + b"\n", timeout=600)
+    answers = [json.loads(line) for line in out.splitlines()]
+    rows.append({"transport": "stdio, 1 MiB texts", "lines": lines, "answered_truncated":
+                 sum(1 for a in answers if a.get("truncated") is True), "exit_code": proc.returncode})
+    directory = tempfile.mkdtemp(prefix="decide-huge-")
+    path = os.path.join(directory, "s")
+    server = subprocess.Popen([*socket_command, "--socket", path, "--ready", "-q", "--max-line-bytes", str(2 << 20)],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert json.loads(server.stdout.readline())["event"] == "ready"
+    truncated = [0]
+
+    def client(share: list[bytes]) -> None:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(path)
+            sock.sendall(b"".join(line + b"\n" for line in share))
+            sock.shutdown(socket.SHUT_WR)
+            data = b""
+            while chunk := sock.recv(1 << 16):
+                data += chunk
+        truncated[0] += sum(1 for line in data.split(b"\n")[:-1] if json.loads(line).get("truncated") is True)
+
+    threads = [threading.Thread(target=client, args=(payload[c::clients],)) for c in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    peak = proc_memory(server.pid)["VmHWM"]
+    server.send_signal(signal.SIGTERM)
+    server.wait(timeout=60)
+    rows.append({"transport": f"socket ({clients} clients), 1 MiB texts", "lines": lines,
+                 "answered_truncated": truncated[0], "peak_rss_mb": round(peak, 1), "exit_code": server.returncode})
+    return rows
+
+
+def stdio_peak_rss(command: list[str], lines: int) -> float:
+    """Peak RSS (MB, VmHWM) of a stdio decide answering `lines` 1 MiB texts. Read from /proc while
+    it runs: after exit, rusage's ru_maxrss would include the parent's memory from before exec."""
+    text = "rain " + "q" * ((1 << 20) - 64)
+    payload = b"".join(json.dumps({"id": i, "text": text}).encode() + b"\n" for i in range(lines))
+    proc = subprocess.Popen([*command, "-q"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    writer = threading.Thread(target=lambda: (proc.stdin.write(payload), proc.stdin.flush()))
+    writer.start()
+    for _ in range(lines):
+        proc.stdout.readline()
+    peak = proc_memory(proc.pid)["VmHWM"]
+    writer.join()
+    proc.stdin.close()
+    proc.wait(timeout=60)
+    return round(peak, 1)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="model package (default: the embedded default model)")
@@ -239,13 +300,21 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=200_000, help="request lines per transport")
     parser.add_argument("--clients", type=int, default=8, help="socket clients")
     parser.add_argument("--seed", type=int, default=15)
+    parser.add_argument("--huge", type=int, default=0, metavar="N",
+                        help="instead: peak RSS for N lines of 1 MiB texts over stdio and 16 socket clients")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     command = args.command.split() + (["--model", args.model] if args.model else [])
     rng = random.Random(args.seed)
+    socket_command = [*command[:len(args.command.split())], "serve", *command[len(args.command.split()):]]
+    if args.huge:
+        rows = huge_texts(command, socket_command, args.huge, 16)
+        rows[0]["peak_rss_mb"] = stdio_peak_rss(command, args.huge)
+        print(json.dumps({"rows": rows, "load_average": os.getloadavg()}, indent=2) if args.json
+              else "\n".join(" ".join(f"{k}={v}" for k, v in row.items()) for row in rows))
+        return 0 if all(row["answered_truncated"] == args.huge for row in rows) else 1
     rows = [soak_stdio(command, args.requests, rng),
-            soak_socket([*command[:len(args.command.split())], "serve", *command[len(args.command.split()):]],
-                        args.requests, args.clients, rng)]
+            soak_socket(socket_command, args.requests, args.clients, rng)]
     if args.json:
         print(json.dumps({"rows": rows, "load_average": os.getloadavg()}, indent=2))
     else:

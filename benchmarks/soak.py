@@ -107,8 +107,10 @@ class Check:
             for i in got:
                 counts[i] = counts.get(i, 0) + 1
             self.duplicated += sum(n - 1 for n in counts.values() if n > 1)
-            self.lost += sum(1 for i in want if i not in counts) + max(0, len(expected) - len(answers))
-            if [i for i in got if i in set(want)] != [i for i in want if i in counts]:
+            # ids that never came back; id-less answers (errors for hostile lines) count by number
+            self.lost += max(sum(1 for i in want if i not in counts), len(expected) - len(answers))
+            wanted = set(want)
+            if [i for i in got if i in wanted] != [i for i in want if i in counts]:
                 self.out_of_order += 1
 
     def to_json(self) -> dict[str, int]:

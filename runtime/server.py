@@ -252,13 +252,13 @@ class Connection:
     def expired(self, now: float, idle_s: float, write_stall_s: float) -> str | None:
         """Why this connection should be closed now (None: it may stay)."""
         if self.write_stalled_since is not None and now - self.write_stalled_since > write_stall_s:
-            return "its answers have not been read"
+            return f"its answers were not read for {write_stall_s:g} s"
         if idle_s <= 0 or self.stopping:
             return None
         if self.partial_since is not None and now - self.partial_since > idle_s:
-            return "an incomplete line"
+            return f"an incomplete line for {idle_s:g} s"
         if self.partial_since is None and not self.owed_count and now - self.last_activity > idle_s:
-            return "idle"
+            return f"idle for {idle_s:g} s"
         return None
 
     async def read_requests(self) -> None:
@@ -500,8 +500,7 @@ class SocketServer:
                 reason = connection.expired(now, idle_s, stall_s)
                 if reason is None:
                     continue
-                log.info("closing a connection after %s s: %s", f"{stall_s if 'read' in reason else idle_s:g}",
-                         reason)
+                log.info("closing a connection: %s", reason)
                 if connection.write_stalled_since is not None:
                     connection.writer.transport.abort()  # it reads nothing: its answers cannot arrive
                 else:

@@ -292,10 +292,24 @@ def format_info(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def emit(text: str) -> None:
+    """Print a line of a command's report; a stdout that cannot take it (full disk, closed)
+    raises OutputFailed instead of an OSError traceback."""
+    if sys.stdout is None:  # started with fd 1 closed (`>&-`)
+        raise OutputFailed("stdout is closed")
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OutputFailed(exc.strerror or str(exc)) from exc
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     """Print the probe, the tier table and the choice."""
     report, code = info_report(args)
-    print(json.dumps(report, indent=2) if args.json else format_info(report))
+    emit(json.dumps(report, indent=2) if args.json else format_info(report))
     return code
 
 
@@ -307,14 +321,14 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     names = sorted(setup.package.manifest.variants) if args.all_variants else [setup.choice.variant]
     results = [check_golden(load_engine(setup, args, variant=name)) for name in names]
     if args.json:
-        print(json.dumps({"tier": setup.choice.tier.name, "results": [r.to_json() for r in results]}, indent=2))
+        emit(json.dumps({"tier": setup.choice.tier.name, "results": [r.to_json() for r in results]}, indent=2))
     else:
-        print(f"selftest on tier {setup.choice.tier.name}, model {setup.package.manifest.name} "
+        emit(f"selftest on tier {setup.choice.tier.name}, model {setup.package.manifest.name} "
               f"{setup.package.manifest.version}")
         for result in results:
-            print(result.summary())
+            emit(result.summary())
             for problem in result.problems[:10]:
-                print(f"  - {problem}")
+                emit(f"  - {problem}")
     return EXIT_OK if all(r.passed for r in results) else EXIT_SELFTEST_FAILED
 
 
@@ -332,7 +346,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     engine = load_engine(setup, args, max_batch=max(batch_sizes))
     report = run_bench(engine, batch_sizes, args.seconds)
     report["tier"] = setup.choice.tier.name
-    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    emit(json.dumps(report, indent=2) if args.json else format_table(report))
     return EXIT_OK
 
 
@@ -370,7 +384,20 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # e.g. `decide info | head -1`: the reader left; nothing useful to say.
+        discard_stdout()
         return EXIT_OK
     except OutputFailed as exc:
         log.error("cannot write answers to stdout: %s", exc)
+        discard_stdout()
         return EXIT_OUTPUT_FAILED
+
+
+def discard_stdout() -> None:
+    """Point fd 1 at /dev/null, so the interpreter's last flush of sys.stdout cannot fail again
+    and print "Exception ignored" after our one line."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass

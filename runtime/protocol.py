@@ -71,8 +71,8 @@ class LineTooLong:
 @dataclass(frozen=True)
 class ClassifyRequest:
     """Texts to classify; `single` = sent as "text" (answer with one result, not a list).
-    `clipped[i]` is True when texts[i] was cut to the model's character budget on arrival
-    (see runtime.text.clip_text); empty = nothing was cut."""
+    `clipped[i]` is True when the Service cut texts[i] to the model's character budget on
+    arrival (runtime.text.max_text_chars); empty = nothing was cut."""
 
     id: JsonScalar
     texts: tuple[str, ...]

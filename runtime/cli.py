@@ -21,6 +21,7 @@ from typing import Any
 from runtime import __version__
 from runtime.appdir import DEFAULT_MODEL, find_data_dir
 from runtime.cpu import CpuFeatures, probe
+from runtime.framing import OutputFailed
 from runtime.package import Package, PackageError, load_package
 from runtime.protocol import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_TEXTS
 from runtime.stack import LegacyStackMissing, NumericStack, activate, stack_for
@@ -41,6 +42,7 @@ EXIT_USAGE = 2  # bad arguments, or an override this CPU/package cannot honour
 EXIT_CPU_UNSUPPORTED = 3
 EXIT_PACKAGE = 4  # model package missing, malformed, checksum mismatch, no usable variant
 EXIT_SELFTEST_FAILED = 5
+EXIT_OUTPUT_FAILED = 6  # stdout cannot take the answers (full disk, closed, bad fd); not EPIPE
 EXIT_INTERRUPTED = 130  # Ctrl-C before serving started
 
 COMMANDS = ("serve", "info", "selftest", "bench")
@@ -64,7 +66,7 @@ def build_parser(command: str) -> argparse.ArgumentParser:
             "bench": "Latency percentiles and throughput per batch size, short and long texts.",
         }[command],
         epilog="Commands: serve (default), info, selftest, bench. Exit codes: 0 ok, 1 internal error, "
-        "2 usage, 3 CPU unsupported, 4 model package error, 5 selftest failed.",
+        "2 usage, 3 CPU unsupported, 4 model package error, 5 selftest failed, 6 output failed.",
     )
     parser.add_argument("--model", type=Path, default=None,
                         help=f"model package directory (env {ENV_MODEL}; default: <app dir>/{DEFAULT_MODEL})")
@@ -167,14 +169,14 @@ def load_engine(setup: Setup, args: argparse.Namespace, variant: str | None = No
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve JSON lines on stdin/stdout."""
-    from runtime import stdio
+    from runtime import server, stdio
     from runtime.protocol import Limits
 
     if args.max_line_bytes < 1 or args.max_texts < 1 or args.max_batch < 1:
         raise UsageError("--max-line-bytes, --max-texts and --max-batch must be at least 1")
     # Claim stdout before importing numpy/onnxruntime, so nothing they print reaches the wire.
-    wire = stdio.protect_stdout()
-    if args.socket or args.tcp:
+    wire = stdio.protect_stdout(require_stdout=not server.wants_socket(args))
+    if server.wants_socket(args):
         return serve_socket(args, wire)
     setup = prepare(args)
     engine = load_engine(setup, args, max_batch=args.max_batch)
@@ -193,6 +195,7 @@ def serve_socket(args: argparse.Namespace, wire: int) -> int:
     server (health answers "loading" meanwhile); see runtime/server.py."""
     from runtime import server
     from runtime.protocol import Limits
+    from runtime.service import Service  # stdlib only until an engine is attached
 
     limits = Limits(max_line_bytes=args.max_line_bytes, max_texts=args.max_texts)
     try:
@@ -200,15 +203,10 @@ def serve_socket(args: argparse.Namespace, wire: int) -> int:
     except server.ListenError as exc:
         raise UsageError(str(exc)) from exc
     setup = prepare(args)
-
-    def load_service():
-        from runtime.service import Service
-
-        engine = load_engine(setup, args, max_batch=args.max_batch)
-        return Service(engine, limits, info={"tier": setup.choice.tier.name, "arch": setup.features.arch})
-
+    service = Service(None, limits, info={"tier": setup.choice.tier.name, "arch": setup.features.arch})
     try:
-        return server.run(config, load_service, ready_wire=wire if args.ready else None)
+        return server.run(config, service, lambda: load_engine(setup, args, max_batch=args.max_batch),
+                          ready_wire=wire if args.ready else None)
     except server.ListenError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -294,10 +292,24 @@ def format_info(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def emit(text: str) -> None:
+    """Print a line of a command's report; a stdout that cannot take it (full disk, closed)
+    raises OutputFailed instead of an OSError traceback."""
+    if sys.stdout is None:  # started with fd 1 closed (`>&-`)
+        raise OutputFailed("stdout is closed")
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OutputFailed(exc.strerror or str(exc)) from exc
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     """Print the probe, the tier table and the choice."""
     report, code = info_report(args)
-    print(json.dumps(report, indent=2) if args.json else format_info(report))
+    emit(json.dumps(report, indent=2) if args.json else format_info(report))
     return code
 
 
@@ -309,14 +321,14 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     names = sorted(setup.package.manifest.variants) if args.all_variants else [setup.choice.variant]
     results = [check_golden(load_engine(setup, args, variant=name)) for name in names]
     if args.json:
-        print(json.dumps({"tier": setup.choice.tier.name, "results": [r.to_json() for r in results]}, indent=2))
+        emit(json.dumps({"tier": setup.choice.tier.name, "results": [r.to_json() for r in results]}, indent=2))
     else:
-        print(f"selftest on tier {setup.choice.tier.name}, model {setup.package.manifest.name} "
+        emit(f"selftest on tier {setup.choice.tier.name}, model {setup.package.manifest.name} "
               f"{setup.package.manifest.version}")
         for result in results:
-            print(result.summary())
+            emit(result.summary())
             for problem in result.problems[:10]:
-                print(f"  - {problem}")
+                emit(f"  - {problem}")
     return EXIT_OK if all(r.passed for r in results) else EXIT_SELFTEST_FAILED
 
 
@@ -334,7 +346,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     engine = load_engine(setup, args, max_batch=max(batch_sizes))
     report = run_bench(engine, batch_sizes, args.seconds)
     report["tier"] = setup.choice.tier.name
-    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    emit(json.dumps(report, indent=2) if args.json else format_table(report))
     return EXIT_OK
 
 
@@ -372,4 +384,20 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # e.g. `decide info | head -1`: the reader left; nothing useful to say.
+        discard_stdout()
         return EXIT_OK
+    except OutputFailed as exc:
+        log.error("cannot write answers to stdout: %s", exc)
+        discard_stdout()
+        return EXIT_OUTPUT_FAILED
+
+
+def discard_stdout() -> None:
+    """Point fd 1 at /dev/null, so the interpreter's last flush of sys.stdout cannot fail again
+    and print "Exception ignored" after our one line."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass

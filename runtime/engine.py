@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.batching import DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_TOKENS, plan_batches
-from runtime.package import Package, PackageError, verify_files
+from runtime.package import Package, PackageError, check_golden, verify_files
 from runtime.text import DEFAULT_BUCKETS, Encoded, TextEncoder, bucket_lengths, pad_batch
 
 _OPT_LEVELS = {
@@ -108,24 +108,58 @@ class Engine:
         if verify:
             # Refuse tampered or half-copied packages before ORT sees a byte of them.
             verify_files(package, (manifest.tokenizer, *self.variant.files()))
-        self.encoder = TextEncoder(package.path(manifest.tokenizer), manifest.max_length, manifest.pad_id)
+            check_golden(package)
+        tokenizer_path = package.path(manifest.tokenizer)
+        try:
+            self.encoder = TextEncoder(tokenizer_path, manifest.max_length, manifest.pad_id)
+            vocabulary_size = self.encoder.tokenizer.get_vocab_size()
+        except Exception as exc:  # tokenizers raises its own exception types for a broken file
+            raise PackageError(f"cannot load the tokenizer {tokenizer_path}: {exc}") from exc
+        if manifest.pad_id >= vocabulary_size:
+            raise PackageError(f"pad_id {manifest.pad_id} is outside the tokenizer's {vocabulary_size} tokens")
+        graph_path = package.path(self.variant.file)
         try:
             self.session = ort.InferenceSession(
-                str(package.path(self.variant.file)),
+                str(graph_path),
                 sess_options=session_options(settings),
                 providers=["CPUExecutionProvider"],
             )
         except Exception as exc:  # ORT raises its own exception types (Fail, InvalidGraph, …)
-            raise PackageError(f"cannot load {package.path(self.variant.file)}: {exc}") from exc
+            raise PackageError(f"cannot load {graph_path}: {exc}") from exc
         self.input_names = {i.name for i in self.session.get_inputs()}
+        self._check_graph(graph_path)
         self.warm_up_ms = 0.0
 
+    def _check_graph(self, graph_path: object) -> None:
+        """The graph's interface against the manifest: inputs we feed, a logits output one
+        column per label (a mismatch would otherwise answer every request with internal_error)."""
+        unknown = self.input_names - {"input_ids", "attention_mask"}
+        if "input_ids" not in self.input_names or unknown:
+            raise PackageError(f"{graph_path}: inputs must be input_ids (+ attention_mask), "
+                               f"the graph has {sorted(self.input_names)}")
+        outputs = {o.name: o.shape for o in self.session.get_outputs()}
+        if "logits" not in outputs:
+            raise PackageError(f"{graph_path}: no output named logits (outputs: {sorted(outputs)})")
+        width = outputs["logits"][-1] if outputs["logits"] else None
+        if isinstance(width, int) and width != len(self.labels):
+            raise PackageError(f"{graph_path}: logits has {width} columns but the manifest lists "
+                               f"{len(self.labels)} labels")
+
     def warm_up(self) -> float:
-        """Run one batch per length bucket so the first real request pays no first-run cost."""
+        """Run one batch per length bucket so the first real request pays no first-run cost.
+        Also the graph's last check: a graph that fails on a padded batch, or whose output width
+        (when not fixed in the graph) differs from the labels, is a package error."""
         start = time.perf_counter()
         for length in self.buckets:
             item = Encoded((self.encoder.pad_id,) * length, False)
-            self.run_padded([item], length)
+            try:
+                rows = self.run_padded([item], length)
+            except Exception as exc:  # ORT's own exception types
+                raise PackageError(f"{self.package.path(self.variant.file)} fails on a batch of "
+                                   f"{length} tokens: {exc}") from exc
+            if len(rows[0]) != len(self.labels):
+                raise PackageError(f"{self.package.path(self.variant.file)}: logits has {len(rows[0])} columns "
+                                   f"but the manifest lists {len(self.labels)} labels")
         self.warm_up_ms = (time.perf_counter() - start) * 1000
         return self.warm_up_ms
 

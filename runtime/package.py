@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 FORMAT_VERSION = 1
@@ -149,16 +150,131 @@ def file_entry(root: Path, name: str) -> FileEntry:
 
 
 def load_package(root: Path | str) -> Package:
-    """Read `root/manifest.json`; does not verify checksums (see `verify_files`)."""
+    """Read and check `root/manifest.json` (`check_manifest_json`); does not verify checksums
+    (see `verify_files`)."""
     root = Path(root)
     manifest_path = root / MANIFEST_NAME
     try:
         data = json.loads(manifest_path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise PackageError(f"no model package at {root} ({MANIFEST_NAME} missing)") from exc
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad JSON or bad UTF-8
         raise PackageError(f"cannot read {manifest_path}: {exc}") from exc
+    check_manifest_json(data, manifest_path)
     return Package(root=root, manifest=Manifest.from_json(data))
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: every field of manifest.json, so that a damaged package is refused with one line
+# naming the file and field, never a traceback or a service that answers only internal_error.
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _check(condition: bool, where: str, field_name: str, expected: str) -> None:
+    if not condition:
+        raise PackageError(f"malformed manifest {where}: field {field_name!r} must be {expected}")
+
+
+def _check_file_entry(value: Any, where: str, field_name: str) -> None:
+    """{"file": relative path inside the package, "sha256": 64 hex digits, "bytes": int ≥ 0}."""
+    _check(isinstance(value, dict) and set(value) == {"file", "sha256", "bytes"}, where, field_name,
+           'an object with exactly "file", "sha256" and "bytes"')
+    name = value["file"]
+    _check(isinstance(name, str) and name != "" and not PurePosixPath(name).is_absolute()
+           and ".." not in PurePosixPath(name).parts and "\0" not in name,
+           where, f"{field_name}.file", "a relative path inside the package")
+    digest = value["sha256"]
+    _check(isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest),
+           where, f"{field_name}.sha256", "64 lower-case hex digits")
+    _check(_is_int(value["bytes"]) and value["bytes"] >= 0, where, f"{field_name}.bytes", "an integer ≥ 0")
+
+
+def _check_variant(name: str, value: Any, where: str) -> None:
+    prefix = f"variants.{name}"
+    _check(isinstance(value, dict), where, prefix, "an object")
+    _check(value.get("name") == name, where, f"{prefix}.name", f"the variant's key {name!r}")
+    _check_file_entry(value.get("file"), where, f"{prefix}.file")
+    _check(isinstance(value.get("precision"), str) and value["precision"] != "", where, f"{prefix}.precision",
+           "a non-empty string")
+    data_files = value.get("data_files", [])
+    _check(isinstance(data_files, list), where, f"{prefix}.data_files", "a list of file entries")
+    for index, entry in enumerate(data_files):
+        _check_file_entry(entry, where, f"{prefix}.data_files[{index}]")
+    _check(isinstance(value.get("weights_storage", ""), str), where, f"{prefix}.weights_storage", "a string")
+    _check(value.get("quantization") is None or isinstance(value["quantization"], dict), where,
+           f"{prefix}.quantization", "an object or null")
+    families = value.get("cpu_families", [])
+    _check(isinstance(families, list) and all(isinstance(f, str) for f in families), where,
+           f"{prefix}.cpu_families", "a list of strings")
+    _check(isinstance(value.get("metrics", {}), dict), where, f"{prefix}.metrics", "an object")
+    tolerance = value.get("golden_tolerance", 0.0)
+    _check(_is_number(tolerance) and tolerance >= 0, where, f"{prefix}.golden_tolerance", "a number ≥ 0")
+
+
+def check_manifest_json(data: Any, where: Path | str = MANIFEST_NAME) -> None:
+    """Check the types and values of every manifest field; raise PackageError naming the first
+    bad one (unknown fields are allowed: newer factories may add some)."""
+    where = str(where)
+    if not isinstance(data, dict):
+        raise PackageError(f"malformed manifest {where}: must be a JSON object")
+    if data.get("format") != FORMAT_VERSION:
+        raise PackageError(f"{where}: manifest format {data.get('format')!r} is not supported "
+                           f"(this runtime reads format {FORMAT_VERSION})")
+    for key in ("name", "version"):
+        _check(isinstance(data.get(key), str) and data[key].strip() != "", where, key, "a non-empty string")
+    labels = data.get("labels")
+    _check(isinstance(labels, list) and len(labels) >= 2
+           and all(isinstance(label, str) and label.strip() for label in labels)
+           and len(set(labels)) == len(labels), where, "labels", "a list of at least 2 unique non-empty strings")
+    languages = data.get("languages", [])
+    _check(isinstance(languages, list) and all(isinstance(lang, str) for lang in languages), where,
+           "languages", "a list of strings")
+    _check(_is_int(data.get("max_length")) and 2 <= data["max_length"] <= 1 << 16, where, "max_length",
+           "an integer from 2 to 65536 (tokens)")
+    _check_file_entry(data.get("tokenizer"), where, "tokenizer")
+    _check(_is_int(data.get("pad_id")) and data["pad_id"] >= 0, where, "pad_id", "an integer ≥ 0")
+    variants = data.get("variants")
+    _check(isinstance(variants, dict) and len(variants) > 0, where, "variants", "a non-empty object")
+    for name, variant in variants.items():
+        _check_variant(name, variant, where)
+    if data.get("golden") is not None:
+        _check_file_entry(data["golden"], where, "golden")
+    _check(isinstance(data.get("description", ""), str), where, "description", "a string")
+    _check(isinstance(data.get("provenance", {}), dict), where, "provenance", "an object")
+
+
+def check_golden(package: Package) -> None:
+    """Verify golden.jsonl's checksum and that every line is a golden example: {"text": str,
+    "label": one of the labels, "probs": one number per label}; PackageError names the line."""
+    entry = package.manifest.golden
+    if entry is None:
+        return
+    verify_files(package, [entry])
+    path = package.path(entry)
+    labels = package.manifest.labels
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError) as exc:
+        raise PackageError(f"cannot read {path}: {exc}") from exc
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            raise PackageError(f"{path} line {number}: not JSON ({exc})") from exc
+        probs = record.get("probs") if isinstance(record, dict) else None
+        if not (isinstance(record, dict) and isinstance(record.get("text"), str) and record.get("label") in labels
+                and isinstance(probs, list) and len(probs) == len(labels) and all(map(_is_number, probs))):
+            raise PackageError(f"{path} line {number}: must be an object with \"text\", \"label\" (one of the "
+                               f"{len(labels)} labels) and \"probs\" ({len(labels)} numbers)")
 
 
 def verify_files(package: Package, entries: tuple[FileEntry, ...] | list[FileEntry]) -> None:
@@ -167,10 +283,13 @@ def verify_files(package: Package, entries: tuple[FileEntry, ...] | list[FileEnt
         path = package.path(entry)
         if not path.is_file():
             raise PackageError(f"model file missing: {path}")
-        size = path.stat().st_size
+        size = path.stat().st_size  # before hashing: a truncated copy is named by its size
         if size != entry.bytes:
             raise PackageError(f"model file {path} has {size} bytes, manifest says {entry.bytes}")
-        actual = sha256_file(path)
+        try:
+            actual = sha256_file(path)
+        except OSError as exc:  # e.g. permission denied
+            raise PackageError(f"cannot read model file {path}: {exc.strerror or exc}") from exc
         if actual != entry.sha256:
             raise PackageError(
                 f"checksum mismatch for {path}: sha256 {actual}, manifest says {entry.sha256}"

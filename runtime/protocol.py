@@ -35,6 +35,18 @@ CONTROL_OPS = ("health", "info", "stats")
 
 DEFAULT_MAX_LINE_BYTES = 1 << 20
 DEFAULT_MAX_TEXTS = 256
+MAX_INT_DIGITS = 4300  # Python's own int/str conversion limit (sys.get_int_max_str_digits)
+
+# The one definition of a blank line (no answer): empty, or only the whitespace JSON itself
+# allows between tokens (space, tab, CR; LF ends the line). Any other line gets exactly one
+# answer: a line of U+3000 or U+001C is not JSON, so it is answered invalid_json, never
+# skipped (a client waiting for its answer would wait forever).
+JSON_WHITESPACE = " \t\r"
+
+
+def is_blank(text: str) -> bool:
+    """True for a line that gets no answer (see JSON_WHITESPACE)."""
+    return not text.strip(JSON_WHITESPACE)
 
 
 @dataclass(frozen=True)
@@ -58,11 +70,14 @@ class LineTooLong:
 
 @dataclass(frozen=True)
 class ClassifyRequest:
-    """Texts to classify; `single` = sent as "text" (answer with one result, not a list)."""
+    """Texts to classify; `single` = sent as "text" (answer with one result, not a list).
+    `clipped[i]` is True when the Service cut texts[i] to the model's character budget on
+    arrival (runtime.text.max_text_chars); empty = nothing was cut."""
 
     id: JsonScalar
     texts: tuple[str, ...]
     single: bool
+    clipped: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -123,11 +138,13 @@ def parse_line(line: bytes | LineTooLong, limits: Limits = Limits()) -> Request 
         return ErrorReply(None, INVALID_UTF8, f"line is not valid UTF-8 (byte {exc.start})")
     if text.startswith("\ufeff"):
         text = text[1:]  # a UTF-8 byte order mark (files saved by some Windows editors) is not data
-    if not text.strip():
+    if is_blank(text):
         return None
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
-    except (json.JSONDecodeError, ValueError) as exc:
+        data = json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
+    except RecursionError:  # json's C scanner recurses per nesting level (~1,000 levels)
+        return ErrorReply(None, INVALID_JSON, "JSON nested too deeply for this parser")
+    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, integers too long
         return ErrorReply(None, INVALID_JSON, f"invalid JSON: {exc}")
     if not isinstance(data, dict):
         return ErrorReply(None, INVALID_REQUEST, "a request must be a JSON object")
@@ -135,6 +152,14 @@ def parse_line(line: bytes | LineTooLong, limits: Limits = Limits()) -> Request 
     if not _is_scalar(request_id):
         return ErrorReply(None, INVALID_REQUEST, "id must be a JSON scalar (string, number, bool, null)")
     return _parse_object(data, request_id, limits)
+
+
+def _parse_int(digits: str) -> int:
+    """int() with a plain message for integers beyond Python's conversion limit."""
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"integer of {len(digits.lstrip('-'))} digits is too large "
+                         f"(at most {MAX_INT_DIGITS} digits)")
+    return int(digits)
 
 
 def _reject_constant(name: str) -> Any:

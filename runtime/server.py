@@ -2,24 +2,34 @@
 
 `decide serve --socket PATH` (Unix domain socket, mode 0600) or `--tcp HOST:PORT` (loopback
 unless --allow-remote). Each connection speaks the stdio framing: JSON lines in, one response
-line per request out, in that connection's request order.
+line per request out, in that connection's request order. This module only moves bytes and
+schedules: lines go to the shared `Service` (runtime/service.py) for parsing, control ops and
+answers; addresses and accepting live in runtime/listen.py, line splitting in runtime/framing.py.
 
 Threads and data flow:
-- The asyncio event loop (main thread) accepts connections, splits and parses lines, answers
-  errors and control ops at once, and offers classify requests to one bounded `RequestQueue`.
-  A full queue answers `busy` at once: memory stays bounded and nothing is dropped silently.
-- One engine thread owns the `Service` (not thread-safe, and ORT wants one caller): it takes the
-  queued requests of ALL connections as one batch, makes one `Service.answer` call (ORT releases
-  the GIL, so the loop keeps reading meanwhile) and hands the responses back to the loop, which
-  resolves each request's future; a per-connection writer awaits those futures in order.
+- The asyncio event loop (main thread) accepts connections, splits lines and triages each one
+  through the Service: errors and control ops are answered at once, classify requests go to one
+  bounded `RequestQueue`.
+- Backpressure, not refusal: a connection stops being read while it owes PENDING_PER_CONNECTION
+  answers or while the queue is full (TCP then slows the client down). Only a request that finds
+  no room in the queue for --queue-timeout seconds (the model is overloaded or stuck) is
+  answered `busy`, and so is a connection beyond --max-connections.
+- One engine thread owns the model (ORT wants one caller): it takes the queued requests of ALL
+  connections as one batch, makes one `Service.classify` call (ORT releases the GIL, so the loop
+  keeps reading meanwhile) and hands the responses back to the loop, which resolves each
+  request's future; a per-connection writer awaits those futures in order.
 - Gathering: requests that pile up while the engine runs form the next batch by themselves. The
   engine additionally waits up to --batch-delay-ms for more, but only when the previous batch
   held several requests (concurrent load) and fewer requests are queued than connections are
   open, so a lone client (batch-1 traffic) never waits.
+- Idle and slow clients: a connection that sends nothing for --idle-timeout seconds while owing
+  nothing, holds an incomplete line that long, or leaves its answers unread that long, is closed,
+  so stalled clients cannot hold the --max-connections slots.
 - The socket is bound before the model loads: `{"op":"health"}` says "loading" until warm-up is
   done; classify requests sent meanwhile wait in the queue. systemd gets READY=1 after warm-up.
 - SIGTERM/SIGINT: stop accepting, stop reading, answer and write every request already read,
-  remove the socket file, return 0.
+  remove the socket file, return 0. A client that does not read its answers is dropped after
+  SHUTDOWN_WRITE_STALL_S, so shutdown never waits long on it.
 """
 
 from __future__ import annotations
@@ -28,12 +38,10 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import ipaddress
 import logging
 import os
 import signal
 import socket
-import stat
 import threading
 import time
 from collections import Counter, deque
@@ -41,163 +49,37 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from runtime import __version__, sdnotify
-from runtime.protocol import (
-    BUSY,
-    INTERNAL_ERROR,
-    ClassifyRequest,
-    ControlRequest,
-    ErrorReply,
-    Limits,
-    Request,
-    encode_line,
-    parse_line,
+from runtime import sdnotify
+from runtime.framing import LineSplitter, OutputFailed, write_all
+from runtime.listen import (
+    Acceptor,
+    ListenAddress,
+    ListenError,
+    bind,
+    check_socket_path,
+    check_tcp_host,
+    parse_tcp_address,
 )
-from runtime.stdio import LineSplitter, write_all  # the same framing as stdin
+from runtime.protocol import BUSY, INTERNAL_ERROR, ClassifyRequest, Limits, encode_line
+from runtime.service import Service, TransportHooks
 
-if TYPE_CHECKING:  # the service imports numpy; the server must be importable before the CPU check
-    from runtime.service import Service
+if TYPE_CHECKING:  # the engine imports numpy; the server must be importable before the CPU check
+    from runtime.engine import Engine
 
 log = logging.getLogger("decide")
 
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_QUEUE_SIZE = 256  # classify requests waiting for the engine, all connections together
 DEFAULT_BATCH_DELAY_MS = 2.0
-PENDING_PER_CONNECTION = 256  # responses a connection may owe before we stop reading it
+DEFAULT_IDLE_TIMEOUT_S = 60.0
+DEFAULT_QUEUE_TIMEOUT_S = 10.0  # a request finding the queue full this long gets busy
+PENDING_PER_CONNECTION = 256  # answers a connection may owe before we stop reading it
 READ_CHUNK = 1 << 16
 WRITE_BUFFER_HIGH = 1 << 20  # bytes buffered for a slow reader before the writer waits for it
-DRAIN_TIMEOUT_S = 30.0
+DRAIN_TIMEOUT_S = 30.0  # shutdown: the most we wait for the model to finish what was read
+SHUTDOWN_WRITE_STALL_S = 2.0  # shutdown: a client that reads nothing this long is dropped
+CLOSE_FLUSH_S = 2.0  # closing: time for a client to take its last bytes before we reset
 LATENCY_WINDOW = 10_000  # the stats op's percentiles cover the last this-many requests
-LISTEN_BACKLOG = 128
-
-
-class ListenError(Exception):
-    """A listen address that is refused (security rules) or cannot be bound."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Listening: address checks and binding (pure checks first, so they are testable without sockets).
-
-
-@dataclass(frozen=True)
-class ListenAddress:
-    """Where to listen: a Unix socket path, or a TCP host and port."""
-
-    path: str | None = None
-    host: str | None = None
-    port: int | None = None
-
-    def describe(self) -> str:
-        """`unix:/run/decide.sock` or `tcp:127.0.0.1:7878` (for logs, info and the ready event)."""
-        if self.path is not None:
-            return f"unix:{self.path}"
-        host = f"[{self.host}]" if self.host and ":" in self.host else self.host
-        return f"tcp:{host}:{self.port}"
-
-
-def parse_tcp_address(value: str) -> tuple[str, int]:
-    """HOST:PORT or [IPv6]:PORT → (host, port); raises ListenError."""
-    host, sep, port_text = value.rpartition(":")
-    if not sep or not host:
-        raise ListenError(f"--tcp needs HOST:PORT (e.g. 127.0.0.1:7878), got {value!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ListenError(f"--tcp port must be a number, got {port_text!r}") from None
-    if not 0 <= port <= 65535:
-        raise ListenError(f"--tcp port {port} is out of range 0–65535")
-    return host, port
-
-
-def resolve_host(host: str, port: int) -> list[tuple[int, str]]:
-    """(family, address) for every address `host` resolves to (numeric hosts need no DNS)."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise ListenError(f"cannot resolve {host!r}: {exc}") from exc
-    return [(family, str(sockaddr[0])) for family, _, _, _, sockaddr in infos]
-
-
-def is_loopback(addresses: Sequence[str]) -> bool:
-    """True only if every address is a loopback address (127/8, ::1)."""
-    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
-
-
-def check_socket_directory(path: str) -> None:
-    """Refuse a socket path whose directory others could write to (they could swap the socket
-    for their own between our checks and a client's connect), unless the sticky bit is set."""
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        info = os.stat(directory)
-    except OSError as exc:
-        raise ListenError(f"socket directory {directory}: {exc.strerror}") from exc
-    if not stat.S_ISDIR(info.st_mode):
-        raise ListenError(f"{directory} is not a directory")
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
-        raise ListenError(f"socket directory {directory} is writable by other users; use a directory only "
-                          "you control (e.g. $XDG_RUNTIME_DIR or /run/decide)")
-
-
-def socket_is_live(path: str) -> bool:
-    """True if a server accepts connections on the Unix socket `path`."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(path)
-    except (ConnectionRefusedError, FileNotFoundError):
-        return False
-    except OSError:
-        return True  # e.g. EAGAIN (backlog full) or a timeout: something is there; do not remove it
-    finally:
-        probe.close()
-    return True
-
-
-def bind_unix(path: str) -> tuple[socket.socket, tuple[int, int]]:
-    """A listening Unix socket created 0600, and its (st_dev, st_ino) so we remove only our file.
-
-    A leftover socket file (a crashed server) is replaced only if nothing listens on it; a path
-    that is not a socket is never touched."""
-    check_socket_directory(path)
-    if os.path.lexists(path):
-        if not stat.S_ISSOCK(os.lstat(path).st_mode):
-            raise ListenError(f"{path} exists and is not a socket; not replacing it")
-        if socket_is_live(path):
-            raise ListenError(f"another server is listening on {path}")
-        os.unlink(path)
-        log.info("removed stale socket %s (nothing was listening)", path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    # bind() creates the file with mode 0777 & ~umask: a tight umask makes it 0600 from the first
-    # instant (a chmod after bind would leave a window). No other thread runs yet at this point.
-    old_umask = os.umask(0o177)
-    try:
-        sock.bind(path)
-    except OSError as exc:
-        sock.close()
-        raise ListenError(f"cannot bind {path}: {exc.strerror}") from exc
-    finally:
-        os.umask(old_umask)
-    sock.listen(LISTEN_BACKLOG)
-    info = os.stat(path)
-    return sock, (info.st_dev, info.st_ino)
-
-
-def bind_tcp(host: str, port: int, allow_remote: bool) -> socket.socket:
-    """A listening TCP socket; non-loopback addresses need allow_remote (and get a warning)."""
-    resolved = resolve_host(host, port)
-    if not is_loopback([address for _, address in resolved]):
-        if not allow_remote:
-            raise ListenError(f"{host} is not a loopback address; decide has no authentication or TLS. "
-                              "Pass --allow-remote to listen on it anyway")
-        log.warning("listening on non-loopback %s: anyone who can reach this port can use the model "
-                    "(no authentication, no TLS)", host)
-    family, address = resolved[0]
-    try:
-        return socket.create_server((address, port), family=family, backlog=LISTEN_BACKLOG)
-    except OSError as exc:
-        raise ListenError(f"cannot bind {host}:{port}: {exc.strerror}") from exc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,22 +116,18 @@ def memory_usage() -> dict[str, float]:
 
 @dataclass
 class ServerStats:
-    """Counters kept by the event loop thread only (so the stats op reads a consistent view)."""
+    """The server's own counters, kept by the event loop thread only (requests and errors are
+    counted by the Service)."""
 
-    started: float = field(default_factory=time.time)
-    requests: int = 0
-    errors: Counter[str] = field(default_factory=Counter)
     batch_sizes: Counter[int] = field(default_factory=Counter)  # requests per engine batch
     latencies_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     connections_total: int = 0
 
-    def to_json(self, queue_depth: int, connections_open: int, engine: dict[str, Any] | None) -> dict[str, Any]:
-        """The stats op body: requests, errors, batch-size histogram, latency percentiles, queue, RSS."""
+    def to_json(self, queue_depth: int, connections_open: int, engine: dict[str, Any]) -> dict[str, Any]:
+        """What the stats op adds for the socket server: batch-size histogram, latency
+        percentiles, queue, connections, CPU, RSS."""
         ordered = sorted(self.latencies_ms)
-        body: dict[str, Any] = {
-            "uptime_s": round(time.time() - self.started, 3),
-            "requests": self.requests,
-            "errors": dict(self.errors),
+        return {
             "batch_sizes": {str(size): count for size, count in sorted(self.batch_sizes.items())},
             "latency_ms": {name: None if (v := percentile(ordered, q)) is None else round(v, 3)
                            for name, q in (("p50", 0.50), ("p95", 0.95), ("p99", 0.99))},
@@ -258,10 +136,8 @@ class ServerStats:
             "connections": {"open": connections_open, "total": self.connections_total},
             "cpu_s": round(sum(os.times()[:2]), 3),  # user + system, all threads of this process
             **memory_usage(),
+            "engine": {k: engine[k] for k in ("texts", "engine_calls", "engine_ms")},
         }
-        if engine is not None:
-            body["engine"] = {k: engine[k] for k in ("texts", "engine_calls", "engine_ms") if k in engine}
-        return body
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,10 +220,12 @@ class ServerConfig:
     batch_delay_ms: float = DEFAULT_BATCH_DELAY_MS
     max_batch_texts: int = 32
     allow_remote: bool = False
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S  # 0 = never close idle connections
+    queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S
 
 
 class Connection:
-    """One client: a reader task parses lines, the connection task writes answers in order."""
+    """One client: a reader task triages lines, the connection task writes answers in order."""
 
     def __init__(self, server: "SocketServer", reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.server = server
@@ -356,19 +234,38 @@ class Connection:
         self.closed = False  # set when the client is gone: the engine skips its queued requests
         self.answers: asyncio.Queue[asyncio.Future | None] = asyncio.Queue()  # None = no more
         self.owed = asyncio.Semaphore(PENDING_PER_CONNECTION)  # bounds answers not yet written
+        self.owed_count = 0
         self.reader_task: asyncio.Task | None = None
-        self.stopping = False  # shutdown: read no more, answer what was read
+        self.stopping = False  # shutdown or timeout: read no more, answer what was read
         self.waiting_for_data = False
+        now = time.monotonic()
+        self.last_activity = now  # last byte read or answer written
+        self.partial_since: float | None = None  # when the incomplete line held now began
+        self.write_stalled_since: float | None = None  # when the writer began waiting for the client
 
     def stop_reading(self) -> None:
-        """Shutdown: every line already read is still answered; nothing more is read."""
+        """Every line already read is still answered; nothing more is read."""
         self.stopping = True
         if self.waiting_for_data and self.reader_task is not None:
             self.reader_task.cancel()  # idle in read(): nothing half-done to lose
 
+    def expired(self, now: float, idle_s: float, write_stall_s: float) -> str | None:
+        """Why this connection should be closed now (None: it may stay)."""
+        if self.write_stalled_since is not None and now - self.write_stalled_since > write_stall_s:
+            return f"its answers were not read for {write_stall_s:g} s"
+        if idle_s <= 0 or self.stopping:
+            return None
+        if self.partial_since is not None and now - self.partial_since > idle_s:
+            return f"an incomplete line for {idle_s:g} s"
+        if self.partial_since is None and not self.owed_count and now - self.last_activity > idle_s:
+            return f"idle for {idle_s:g} s"
+        return None
+
     async def read_requests(self) -> None:
-        """Split, parse and dispatch lines until EOF or shutdown, then mark the end of answers."""
+        """Split and triage lines until EOF, shutdown or timeout, then mark the end of answers."""
         splitter = LineSplitter(self.server.config.limits.max_line_bytes)
+        service = self.server.service
+        loop = asyncio.get_running_loop()
         try:
             while not self.stopping:
                 self.waiting_for_data = True
@@ -378,15 +275,25 @@ class Connection:
                     chunk = b""  # reset by the client: same as EOF for what it already sent
                 finally:
                     self.waiting_for_data = False
+                now = time.monotonic()
+                self.last_activity = now
                 lines = splitter.feed(chunk) if chunk else splitter.finish()
+                if not splitter.holds_partial_line:
+                    self.partial_since = None
+                elif lines or self.partial_since is None:
+                    self.partial_since = now  # a new line began in this chunk
                 for line in lines:
-                    request = parse_line(line, self.server.config.limits)
-                    if request is None:
+                    answer = service.triage(line)
+                    if answer is None:
                         continue
                     await self.owed.acquire()  # a client that does not read its answers stops being read
-                    future = asyncio.get_running_loop().create_future()
+                    self.owed_count += 1
+                    future = loop.create_future()
                     self.answers.put_nowait(future)
-                    self.server.dispatch(request, future, self)
+                    if isinstance(answer, ClassifyRequest):
+                        await self.server.enqueue(answer, future, self)  # waits while the queue is full
+                    else:
+                        future.set_result(answer)
                 if not chunk:
                     return
         finally:
@@ -395,37 +302,59 @@ class Connection:
     async def write_answers(self) -> None:
         """Write each answer as soon as it and all earlier ones on this connection are ready."""
         transport = self.writer.transport
+        service = self.server.service
         while True:
             future = await self.answers.get()
             if future is None:
                 break
             response = await future
             self.owed.release()
+            self.owed_count -= 1
             if transport.is_closing():
                 break  # the client left; keep nothing for it
-            self.writer.write(encode_line(response))
+            self.writer.write(service.encode(response))
+            self.last_activity = time.monotonic()
             if transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
-                await self.writer.drain()  # a slow reader: stop here until it catches up
+                await self._drain()  # a slow reader: stop here until it catches up
         if not transport.is_closing():
+            await self._drain()
+
+    async def _drain(self) -> None:
+        self.write_stalled_since = time.monotonic()
+        try:
             await self.writer.drain()
+        finally:
+            self.write_stalled_since = None
+
+
+async def close_writer(writer: asyncio.StreamWriter) -> None:
+    """Close, giving the client CLOSE_FLUSH_S to take what is buffered; then reset."""
+    writer.close()
+    try:
+        await asyncio.wait_for(writer.wait_closed(), CLOSE_FLUSH_S)
+    except (TimeoutError, ConnectionError):
+        writer.transport.abort()
 
 
 class SocketServer:
     """Accepts connections, batches classify requests across them, answers in per-connection order."""
 
-    def __init__(self, config: ServerConfig, load_service: Callable[[], "Service"], ready_wire: int | None = None):
+    def __init__(self, config: ServerConfig, service: Service, load_engine: Callable[[], "Engine"],
+                 ready_wire: int | None = None):
         self.config = config
-        self.load_service = load_service
+        self.service = service
+        service.hooks = TransportHooks(status=lambda: self.state, info=self._info, stats=self._stats)
+        self.load_engine = load_engine
         self.ready_wire = ready_wire  # fd for the ready event line (--ready), or None
         self.queue = RequestQueue(config.queue_size)
         self.stats = ServerStats()
-        self.service: "Service | None" = None
         self.state = "loading"  # → ready → draining
         self.load_error: BaseException | None = None
         self.connections: set[Connection] = set()
         self.connection_tasks: set[asyncio.Task] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stop_requested: asyncio.Event | None = None
+        self.queue_space: asyncio.Event | None = None  # set by the engine thread after each take
 
     # -- engine thread ------------------------------------------------------------------------
 
@@ -433,13 +362,13 @@ class SocketServer:
         """Load and warm the model, then answer batches until the queue is closed."""
         assert self.loop is not None
         try:
-            service = self.load_service()
+            self.service.attach(self.load_engine())
         except BaseException as exc:  # noqa: BLE001 — re-raised in the main thread by run()
             self.load_error = exc
             self.loop.call_soon_threadsafe(self._stop)
             self._refuse_queued(f"the model failed to load: {type(exc).__name__}: {exc}")
             return
-        self.loop.call_soon_threadsafe(self._on_ready, service)
+        self.loop.call_soon_threadsafe(self._on_ready)
         delay_s = self.config.batch_delay_ms / 1000
         previous_batch = 1
         while True:
@@ -448,42 +377,37 @@ class SocketServer:
                                           lambda: len(self.connections))
             if batch is None:
                 return
+            self.loop.call_soon_threadsafe(self._queue_has_space)
             previous_batch = len(batch)
             live = [item for item in batch if not item.connection.closed]
-            responses = self._answer(service, [item.request for item in live])
+            responses = self.service.classify([item.request for item in live])  # never raises
             self.loop.call_soon_threadsafe(self._deliver, batch, live, responses, time.perf_counter())
 
     def _refuse_queued(self, message: str) -> None:
         """After a failed load: answer everything queued (until shutdown closes the queue) with an error."""
         assert self.loop is not None
         while (batch := self.queue.take_batch(self.config.max_batch_texts, 0.0, lambda: 1)) is not None:
-            responses = [ErrorReply(item.request.id, INTERNAL_ERROR, message).to_json() for item in batch]
+            self.loop.call_soon_threadsafe(self._queue_has_space)
+            responses = [self.service.error(item.request.id, INTERNAL_ERROR, message) for item in batch]
             self.loop.call_soon_threadsafe(self._deliver, batch, batch, responses, time.perf_counter())
-
-    @staticmethod
-    def _answer(service: "Service", requests: list[Request]) -> list[dict[str, Any]]:
-        """One Service call; an unexpected failure becomes internal_error answers, not a dead thread."""
-        if not requests:
-            return []
-        try:
-            return service.answer(requests)
-        except Exception as exc:  # noqa: BLE001 — the engine thread must survive any one batch
-            log.exception("batch of %d requests failed", len(requests))
-            return [ErrorReply(r.id, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}").to_json() for r in requests]
 
     # -- event loop thread --------------------------------------------------------------------
 
-    def _on_ready(self, service: "Service") -> None:
-        self.service = service
+    def _queue_has_space(self) -> None:
+        assert self.queue_space is not None
+        self.queue_space.set()
+
+    def _on_ready(self) -> None:
+        service = self.service
         if self.state == "loading":
             self.state = "ready"
         log.info("ready on %s: model %s, variant %s, warm-up %.0f ms", self.config.address.describe(),
-                 service.info["model"]["name"], service.variant, service.engine.warm_up_ms)
+                 service.info["model"]["name"], service.variant, service.ready_event()["warm_up_ms"])
         if self.ready_wire is not None:
             event = {**service.ready_event(), "listen": self.config.address.describe()}
             try:
                 write_all(self.ready_wire, encode_line(event))
-            except OSError as exc:  # whoever started us stopped reading stdout; serving goes on
+            except (OSError, OutputFailed) as exc:  # whoever started us stopped reading stdout
                 log.warning("cannot write the ready event to stdout: %s", exc)
         sdnotify.notify("READY=1", f"STATUS=serving on {self.config.address.describe()}")
 
@@ -492,8 +416,6 @@ class SocketServer:
         """Resolve the futures of one engine batch and record its size and latencies."""
         self.stats.batch_sizes[len(batch)] += 1
         for item, response in zip(live, responses):
-            if "error" in response:
-                self.stats.errors[response["error"]["code"]] += 1
             self.stats.latencies_ms.append((finished - item.enqueued) * 1000)
             if not item.future.done():
                 item.future.set_result(response)
@@ -501,54 +423,59 @@ class SocketServer:
             if not item.future.done():
                 item.future.cancel()  # its client is gone
 
-    def dispatch(self, request: Request, future: asyncio.Future, connection: Connection) -> None:
-        """Answer errors and control ops now; queue classify requests or answer busy."""
-        self.stats.requests += 1
-        if isinstance(request, ErrorReply):
-            self.stats.errors[request.code] += 1
-            future.set_result(request.to_json())
-        elif isinstance(request, ControlRequest):
-            future.set_result(self.control(request))
-        elif not self.queue.offer(Pending(request, future, connection, time.perf_counter())):
-            self.stats.errors[BUSY] += 1
-            future.set_result(ErrorReply(
-                request.id, BUSY, f"request queue full ({self.config.queue_size} waiting); retry later").to_json())
+    async def enqueue(self, request: ClassifyRequest, future: asyncio.Future, connection: Connection) -> None:
+        """Queue a classify request, waiting while the queue is full (backpressure: the caller
+        reads nothing meanwhile); busy only after --queue-timeout seconds without room."""
+        assert self.queue_space is not None
+        item = Pending(request, future, connection, time.perf_counter())
+        deadline = time.monotonic() + self.config.queue_timeout_s
+        while True:
+            self.queue_space.clear()
+            if self.queue.offer(item):
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.queue.closed:
+                future.set_result(self.service.error(
+                    request.id, BUSY, f"overloaded: the request queue ({self.config.queue_size}) stayed full "
+                                      f"for {self.config.queue_timeout_s:g} s; retry later"))
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.queue_space.wait(), remaining)
 
-    def control(self, request: ControlRequest) -> dict[str, Any]:
-        """health / info / stats, answered by the loop without waiting for the engine."""
-        if request.op == "health":
-            return {"id": request.id, "op": "health", "status": self.state}
-        if request.op == "info":
-            base = dict(self.service.info) if self.service else {"version": __version__, "status": self.state}
-            return {"id": request.id, "op": "info", **base, "server": self.server_info()}
-        engine = self.service.stats.to_json() if self.service else None
-        body = self.stats.to_json(len(self.queue), len(self.connections), engine)
-        return {"id": request.id, "op": "stats", **body}
-
-    def server_info(self) -> dict[str, Any]:
+    def _info(self) -> dict[str, Any]:
         """The transport settings, for the info op."""
         config = self.config
-        return {"listen": config.address.describe(), "max_connections": config.max_connections,
-                "queue_size": config.queue_size, "batch_delay_ms": config.batch_delay_ms,
-                "max_batch_texts": config.max_batch_texts}
+        return {"server": {"listen": config.address.describe(), "max_connections": config.max_connections,
+                           "queue_size": config.queue_size, "batch_delay_ms": config.batch_delay_ms,
+                           "max_batch_texts": config.max_batch_texts, "idle_timeout_s": config.idle_timeout_s,
+                           "queue_timeout_s": config.queue_timeout_s}}
 
-    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _stats(self) -> dict[str, Any]:
+        return self.stats.to_json(len(self.queue), len(self.connections), self.service.stats.to_json())
+
+    def _accepted(self, sock: socket.socket) -> None:
+        """A new connection from the Acceptor: serve it in its own task."""
+        assert self.loop is not None
+        task = self.loop.create_task(self._serve_connection(sock))
+        self.connection_tasks.add(task)
+        task.add_done_callback(self.connection_tasks.discard)
+
+    async def _serve_connection(self, sock: socket.socket) -> None:
         """One connection from accept to close."""
-        task = asyncio.current_task()
-        assert task is not None
         self.stats.connections_total += 1
+        try:
+            reader, writer = await asyncio.open_connection(sock=sock)
+        except OSError:
+            sock.close()
+            return
         if len(self.connections) >= self.config.max_connections or self.state == "draining":
-            self.stats.errors[BUSY] += 1
             reason = "server is shutting down" if self.state == "draining" else (
                 f"too many connections ({self.config.max_connections})")
-            writer.write(encode_line(ErrorReply(None, BUSY, reason).to_json()))
-            with contextlib.suppress(ConnectionError):
-                await writer.drain()
-            writer.close()
+            writer.write(self.service.encode(self.service.error(None, BUSY, reason)))
+            await close_writer(writer)
             return
         connection = Connection(self, reader, writer)
         self.connections.add(connection)
-        self.connection_tasks.add(task)
         connection.reader_task = asyncio.create_task(connection.read_requests())
         try:
             await connection.write_answers()
@@ -558,11 +485,26 @@ class SocketServer:
             connection.closed = True
             connection.reader_task.cancel()
             await asyncio.gather(connection.reader_task, return_exceptions=True)
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+            await close_writer(writer)
             self.connections.discard(connection)
-            self.connection_tasks.discard(task)
+
+    async def _watch_connections(self) -> None:
+        """Close idle, half-line and non-reading connections (see the module docstring)."""
+        idle_s = self.config.idle_timeout_s
+        period = min(1.0, idle_s / 4) if idle_s > 0 else 1.0
+        while True:
+            await asyncio.sleep(min(period, SHUTDOWN_WRITE_STALL_S / 4) if self.state == "draining" else period)
+            stall_s = SHUTDOWN_WRITE_STALL_S if self.state == "draining" else (idle_s or float("inf"))
+            now = time.monotonic()
+            for connection in list(self.connections):
+                reason = connection.expired(now, idle_s, stall_s)
+                if reason is None:
+                    continue
+                log.info("closing a connection: %s", reason)
+                if connection.write_stalled_since is not None:
+                    connection.writer.transport.abort()  # it reads nothing: its answers cannot arrive
+                else:
+                    connection.stop_reading()  # answers already owed are still written
 
     def _stop(self, signum: int | None = None) -> None:
         if signum is not None:
@@ -570,16 +512,23 @@ class SocketServer:
         assert self.stop_requested is not None
         self.stop_requested.set()
 
+    @staticmethod
+    def _log_loop_error(_loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """Unexpected errors inside asyncio callbacks: one log line, no traceback."""
+        exc = context.get("exception")
+        log.warning("event loop: %s", f"{type(exc).__name__}: {exc}" if exc else context.get("message"))
+
     async def serve(self, listener: socket.socket) -> None:
         """Serve on a bound listening socket until a signal (or a failed model load), then drain."""
         self.loop = asyncio.get_running_loop()
+        self.loop.set_exception_handler(self._log_loop_error)
         self.stop_requested = asyncio.Event()
+        self.queue_space = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(signum, self._stop, signum)
-        if listener.family == socket.AF_UNIX:
-            server = await asyncio.start_unix_server(self._serve_connection, sock=listener)
-        else:
-            server = await asyncio.start_server(self._serve_connection, sock=listener)
+        acceptor = Acceptor(listener, self._accepted)
+        acceptor.start(self.loop)
+        watcher = asyncio.create_task(self._watch_connections())
         log.info("listening on %s (loading the model)", self.config.address.describe())
         engine = threading.Thread(target=self._engine_main, name="engine", daemon=True)
         engine.start()
@@ -587,7 +536,7 @@ class SocketServer:
 
         self.state = "draining"
         sdnotify.notify("STOPPING=1")
-        server.close()  # no new connections
+        acceptor.close()  # no new connections
         for connection in list(self.connections):
             connection.stop_reading()
         if self.connection_tasks:
@@ -597,36 +546,21 @@ class SocketServer:
                             DRAIN_TIMEOUT_S)
                 for task in unfinished:
                     task.cancel()
+                await asyncio.wait(unfinished, timeout=CLOSE_FLUSH_S)
         self.queue.close()
         await asyncio.to_thread(engine.join)
-        await server.wait_closed()
+        watcher.cancel()
 
 
-def listen(config: ServerConfig) -> tuple[socket.socket, Callable[[], None]]:
-    """Bind the configured address; returns the socket and a cleanup that removes our socket file."""
-    address = config.address
-    if address.path is not None:
-        sock, identity = bind_unix(address.path)
-        path = address.path
-
-        def remove_socket_file() -> None:
-            with contextlib.suppress(OSError):
-                info = os.stat(path)
-                if (info.st_dev, info.st_ino) == identity:  # never remove a successor's socket
-                    os.unlink(path)
-        return sock, remove_socket_file
-    assert address.host is not None and address.port is not None
-    return bind_tcp(address.host, address.port, config.allow_remote), lambda: None
-
-
-def run(config: ServerConfig, load_service: Callable[[], "Service"], ready_wire: int | None = None) -> int:
+def run(config: ServerConfig, service: Service, load_engine: Callable[[], "Engine"],
+        ready_wire: int | None = None) -> int:
     """Bind, serve until SIGTERM/SIGINT, clean up; returns 0. A failed model load is re-raised
     (after the socket file is removed) so the caller maps it to its exit code."""
-    listener, cleanup = listen(config)
+    listener, cleanup = bind(config.address, config.allow_remote)
     if config.address.port == 0:  # an ephemeral port: say which one we got
         host, port = listener.getsockname()[:2]
         config = dataclasses.replace(config, address=ListenAddress(host=host, port=port))
-    server = SocketServer(config, load_service, ready_wire)
+    server = SocketServer(config, service, load_engine, ready_wire)
     try:
         asyncio.run(server.serve(listener))
     finally:
@@ -634,7 +568,7 @@ def run(config: ServerConfig, load_service: Callable[[], "Service"], ready_wire:
         cleanup()
     if server.load_error is not None:
         raise server.load_error
-    log.info("stopped after %d requests", server.stats.requests)
+    log.info("stopped after %d requests", service.stats.requests)
     return 0
 
 
@@ -653,11 +587,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
                        help=f"concurrent connections (default {DEFAULT_MAX_CONNECTIONS}); more get a busy line")
     group.add_argument("--queue-size", type=int, default=DEFAULT_QUEUE_SIZE,
-                       help=f"classify requests waiting for the model (default {DEFAULT_QUEUE_SIZE}); "
-                            "beyond it requests get a busy error at once")
+                       help=f"classify requests waiting for the model (default {DEFAULT_QUEUE_SIZE}); while it "
+                            "is full, connections are not read (backpressure)")
+    group.add_argument("--queue-timeout", type=float, default=DEFAULT_QUEUE_TIMEOUT_S, metavar="SECONDS",
+                       help=f"a request that finds the queue full this long is answered busy "
+                            f"(default {DEFAULT_QUEUE_TIMEOUT_S:g})")
+    group.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT_S, metavar="SECONDS",
+                       help=f"close a connection silent this long (owing nothing), holding an incomplete "
+                            f"line or leaving its answers unread this long (default {DEFAULT_IDLE_TIMEOUT_S:g}; "
+                            "0 = never)")
     group.add_argument("--batch-delay-ms", type=float, default=DEFAULT_BATCH_DELAY_MS,
                        help=f"under concurrent load, wait up to this long to fill a batch "
                             f"(default {DEFAULT_BATCH_DELAY_MS}; 0 = never wait)")
+
+
+def wants_socket(args: argparse.Namespace) -> bool:
+    """True if `decide serve` was asked to listen (an empty --socket counts: it is refused later)."""
+    return args.socket is not None or args.tcp is not None
 
 
 def config_from_args(args: argparse.Namespace, limits: Limits) -> ServerConfig:
@@ -666,14 +612,18 @@ def config_from_args(args: argparse.Namespace, limits: Limits) -> ServerConfig:
         raise ListenError("--max-connections and --queue-size must be at least 1")
     if not 0 <= args.batch_delay_ms <= 1000:
         raise ListenError("--batch-delay-ms must be between 0 and 1000")
-    if args.socket:
+    if not 0 <= args.idle_timeout <= 86_400:
+        raise ListenError("--idle-timeout must be between 0 (never) and 86400 seconds")
+    if not 0 <= args.queue_timeout <= 3600:
+        raise ListenError("--queue-timeout must be between 0 and 3600 seconds")
+    if args.socket is not None:
+        check_socket_path(args.socket)
         address = ListenAddress(path=args.socket)
     else:
         host, port = parse_tcp_address(args.tcp)
-        if not args.allow_remote and not is_loopback([a for _, a in resolve_host(host, port)]):
-            raise ListenError(f"{host} is not a loopback address; decide has no authentication or TLS. "
-                              "Pass --allow-remote to listen on it anyway")
+        check_tcp_host(host, port, args.allow_remote)
         address = ListenAddress(host=host, port=port)
     return ServerConfig(address=address, limits=limits, max_connections=args.max_connections,
                         queue_size=args.queue_size, batch_delay_ms=args.batch_delay_ms,
-                        max_batch_texts=args.max_batch, allow_remote=args.allow_remote)
+                        max_batch_texts=args.max_batch, allow_remote=args.allow_remote,
+                        idle_timeout_s=args.idle_timeout, queue_timeout_s=args.queue_timeout)

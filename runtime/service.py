@@ -1,20 +1,31 @@
-"""Requests → responses, for any transport (stdio now, a socket server later).
+"""The one request core: lines → requests → one engine call → responses, for every transport.
 
-`Service.answer_lines` takes the lines a transport read (in order) and returns one encoded
-response per non-blank line, in the same order. All classify requests of one call go through one
-engine call, so a transport that reads ahead gets batch speed without knowing about batching.
+Transports (runtime/stdio.py, runtime/server.py) only move bytes: they split lines
+(runtime/framing.py) and hand each line to a `Service`:
+
+- `triage(line)` parses and validates one line and answers at once what needs no model (errors,
+  health/info/stats); a classify request comes back for the engine. Whatever goes wrong while
+  handling one line becomes an error answer for that line, never an exception.
+- `classify(requests)` answers classify requests with one engine call (per-request errors if the
+  model fails).
+- `answer_lines(lines)` does both for a batch of lines, in order (the stdio path).
+- `encode(response)` makes the wire line; an answer that cannot be encoded becomes internal_error.
+
+The socket server adds its own state, info and stats through `TransportHooks`; the ops and the
+error codes themselves live only here and in runtime/protocol.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 from runtime import __version__
-from runtime.engine import Classification, Engine
 from runtime.protocol import (
     INTERNAL_ERROR,
     ClassifyRequest,
@@ -22,16 +33,23 @@ from runtime.protocol import (
     ErrorReply,
     Limits,
     LineTooLong,
-    Request,
     encode_line,
     parse_line,
     result_json,
 )
 
+if TYPE_CHECKING:  # the engine imports numpy; the socket server builds a Service before it loads
+    from runtime.engine import Classification, Engine
+
+Response = dict[str, Any]
+Triaged = Union[Response, ClassifyRequest, None]  # answered now / for the engine / blank line
+MAX_MESSAGE_CHARS = 300  # an exception's text in an internal_error message is cut to this
+
 
 @dataclass
 class Stats:
-    """Counters reported by the stats op."""
+    """Counters reported by the stats op. Updated from the transport's thread and the engine's,
+    so every update and the snapshot hold the lock."""
 
     started: float = field(default_factory=time.time)
     requests: int = 0
@@ -39,86 +57,168 @@ class Stats:
     engine_calls: int = 0
     engine_ms: float = 0.0
     errors: Counter[str] = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, requests: int = 0, texts: int = 0, engine_calls: int = 0, engine_ms: float = 0.0,
+            error: str | None = None) -> None:
+        """Count some work (thread-safe)."""
+        with self.lock:
+            self.requests += requests
+            self.texts += texts
+            self.engine_calls += engine_calls
+            self.engine_ms += engine_ms
+            if error is not None:
+                self.errors[error] += 1
 
     def to_json(self) -> dict[str, Any]:
         """JSON form for the stats op."""
-        return {
-            "uptime_s": round(time.time() - self.started, 3),
-            "requests": self.requests,
-            "texts": self.texts,
-            "engine_calls": self.engine_calls,
-            "engine_ms": round(self.engine_ms, 3),
-            "errors": dict(self.errors),
-        }
+        with self.lock:
+            return {
+                "uptime_s": round(time.time() - self.started, 3),
+                "requests": self.requests,
+                "texts": self.texts,
+                "engine_calls": self.engine_calls,
+                "engine_ms": round(self.engine_ms, 3),
+                "errors": dict(self.errors),
+            }
+
+
+@dataclass(frozen=True)
+class TransportHooks:
+    """What a transport adds to the control ops. stdio: nothing ("ok"); the socket server: its
+    state (loading/ready/draining), a `server` object in info, queue and latency in stats."""
+
+    status: Callable[[], str] = lambda: "ok"
+    info: Callable[[], dict[str, Any]] = dict
+    stats: Callable[[], dict[str, Any]] = dict
+
+
+def _describe(exc: BaseException) -> str:
+    """`Type: message`, cut to a readable length."""
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + "…"
 
 
 class Service:
-    """The request → response core shared by every transport. Not thread-safe: one caller at a time."""
+    """The request → response core shared by every transport.
 
-    def __init__(self, engine: Engine, limits: Limits = Limits(), info: dict[str, Any] | None = None):
-        self.engine = engine
+    `triage` and `encode` run on the transport's thread, `classify` on one engine thread at a time
+    (the engine is not thread-safe); stats are shared under a lock. A service may start without an
+    engine (the socket server answers health "loading") and get it with `attach`.
+    """
+
+    def __init__(self, engine: "Engine | None" = None, limits: Limits = Limits(),
+                 info: dict[str, Any] | None = None, hooks: TransportHooks = TransportHooks(),
+                 max_text_chars: int | None = None):
         self.limits = limits
-        self.variant = engine.variant.name
+        self.hooks = hooks
         self.stats = Stats()
+        self.extra_info = dict(info or {})
+        self.max_text_chars = max_text_chars
+        self.engine: "Engine | None" = None
+        self.variant: str | None = None
+        self.info: dict[str, Any] = {"version": __version__}
+        if engine is not None:
+            self.attach(engine)
+
+    def attach(self, engine: "Engine") -> None:
+        """Serve with `engine` from now on (the model is loaded and warm)."""
         manifest = engine.package.manifest
+        self.max_text_chars = engine.encoder.max_chars
+        self.variant = engine.variant.name
         self.info = {
             "version": __version__,
             "model": {"name": manifest.name, "version": manifest.version, "labels": list(manifest.labels),
-                      "max_length": manifest.max_length},
+                      "max_length": manifest.max_length, "max_text_chars": self.max_text_chars},
             "variant": self.variant,
-            "limits": limits.to_json(),
+            "limits": self.limits.to_json(),
             "buckets": list(engine.buckets),
             "threads": engine.settings.threads,
-            **(info or {}),
+            **self.extra_info,
         }
+        self.engine = engine
 
-    def answer_lines(self, lines: Sequence[bytes | LineTooLong]) -> list[bytes]:
-        """Parse, answer and encode; blank lines get no response."""
-        requests = [r for r in (parse_line(line, self.limits) for line in lines) if r is not None]
-        return [encode_line(response) for response in self.answer(requests)]
+    # -- one line -------------------------------------------------------------------------------
 
-    def answer(self, requests: Sequence[Request]) -> list[dict[str, Any]]:
-        """One response object per request, in order; all texts run in one engine call."""
-        start = time.perf_counter()
-        self.stats.requests += len(requests)
-        classify = [r for r in requests if isinstance(r, ClassifyRequest)]
-        outcomes = self._classify(classify)
-        elapsed_ms = round((time.perf_counter() - start) * 1000, 3)
-        if classify:
-            self.stats.engine_ms += elapsed_ms
-
-        responses: list[dict[str, Any]] = []
-        labels = self.engine.labels
-        pending = iter(outcomes)
-        for request in requests:
+    def triage(self, line: bytes | LineTooLong, answer_control: bool = True) -> Triaged | ControlRequest:
+        """One line: None if blank; a response if it needs no model (errors, control ops); else the
+        classify request for `classify`, its texts already cut to the character budget.
+        answer_control=False hands control ops back (answered later with `control`)."""
+        try:
+            request = parse_line(line, self.limits)
+            if request is None:
+                return None
+            self.stats.add(requests=1)
             if isinstance(request, ErrorReply):
-                self.stats.errors[request.code] += 1
-                responses.append(request.to_json())
-            elif isinstance(request, ControlRequest):
-                responses.append(self._control(request))
-            else:
-                outcome = next(pending)
-                if isinstance(outcome, str):
-                    self.stats.errors[INTERNAL_ERROR] += 1
-                    responses.append(ErrorReply(request.id, INTERNAL_ERROR, outcome).to_json())
-                    continue
-                items = [result_json(c.label, c.score, c.probs, labels, c.truncated) for c in outcome]
-                body = items[0] if request.single else {"results": items}
-                responses.append({"id": request.id, **body, "variant": self.variant, "ms": elapsed_ms})
+                return self.error(request.id, request.code, request.message)
+            if isinstance(request, ControlRequest):
+                return self.control(request) if answer_control else request
+            return self._clip(request)
+        except Exception as exc:  # noqa: BLE001 — one bad line must never end the process
+            return self.error(None, INTERNAL_ERROR, f"cannot handle this line: {_describe(exc)}")
+
+    def _clip(self, request: ClassifyRequest) -> ClassifyRequest:
+        """Cut over-long texts now: only the first max_text_chars characters can reach the model,
+        and a queued 1 MiB text would hold memory for nothing."""
+        limit = self.max_text_chars
+        if limit is None or all(len(text) <= limit for text in request.texts):
+            return request
+        return dataclasses.replace(request, texts=tuple(text[:limit] for text in request.texts),
+                                   clipped=tuple(len(text) > limit for text in request.texts))
+
+    def error(self, request_id: Any, code: str, message: str) -> Response:
+        """An error answer, counted in stats (also for transport errors such as busy)."""
+        self.stats.add(error=code)
+        return ErrorReply(request_id, code, message).to_json()
+
+    def control(self, request: ControlRequest) -> Response:
+        """health / info / stats, with what the transport adds."""
+        try:
+            if request.op == "health":
+                return {"id": request.id, "op": "health", "status": self.hooks.status()}
+            if request.op == "info":
+                body = self.info if self.engine is not None else {**self.info, "status": self.hooks.status()}
+                return {"id": request.id, "op": "info", **body, **self.hooks.info()}
+            return {"id": request.id, "op": "stats", **self.stats.to_json(), **self.hooks.stats()}
+        except Exception as exc:  # noqa: BLE001 — a broken hook answers this op, nothing else
+            return self.error(request.id, INTERNAL_ERROR, f"cannot answer {request.op}: {_describe(exc)}")
+
+    # -- the model ------------------------------------------------------------------------------
+
+    def classify(self, requests: Sequence[ClassifyRequest]) -> list[Response]:
+        """One response per request, in order; all texts go through one engine call."""
+        if not requests:
+            return []
+        start = time.perf_counter()
+        try:
+            outcomes = self._run(requests)
+        except Exception as exc:  # noqa: BLE001 — e.g. no engine: answer, do not die
+            outcomes = [_describe(exc)] * len(requests)
+        elapsed_ms = round((time.perf_counter() - start) * 1000, 3)
+        self.stats.add(engine_ms=elapsed_ms)
+        responses: list[Response] = []
+        for request, outcome in zip(requests, outcomes):
+            if isinstance(outcome, str):
+                responses.append(self.error(request.id, INTERNAL_ERROR, outcome))
+                continue
+            clipped = request.clipped or (False,) * len(outcome)
+            items = [result_json(c.label, c.score, c.probs, self.engine.labels, c.truncated or cut)
+                     for c, cut in zip(outcome, clipped)]
+            body = items[0] if request.single else {"results": items}
+            responses.append({"id": request.id, **body, "variant": self.variant, "ms": elapsed_ms})
         return responses
 
-    def _classify(self, requests: Sequence[ClassifyRequest]) -> list[list[Classification] | str]:
+    def _run(self, requests: Sequence[ClassifyRequest]) -> list["list[Classification] | str"]:
         """Results per request from one engine call; if it fails, retry one request at a time so
-        only the request that breaks the model gets an error (message as str)."""
+        only the request that breaks the model gets an error (its message as str)."""
+        if self.engine is None:
+            raise RuntimeError("the model is not loaded")
         texts = [text for r in requests for text in r.texts]
-        if not texts:
-            return []
-        self.stats.texts += len(texts)
+        self.stats.add(texts=len(texts), engine_calls=1)
         try:
-            self.stats.engine_calls += 1
             flat = self.engine.classify(texts)
         except Exception:  # noqa: BLE001 — isolate the failing request below
-            return [self._classify_one(r) for r in requests]
+            return [self._run_one(r) for r in requests]
         outcomes: list[list[Classification] | str] = []
         cursor = 0
         for request in requests:
@@ -126,22 +226,38 @@ class Service:
             cursor += len(request.texts)
         return outcomes
 
-    def _classify_one(self, request: ClassifyRequest) -> list[Classification] | str:
+    def _run_one(self, request: ClassifyRequest) -> "list[Classification] | str":
         """One request alone; the error message if the model fails on it."""
+        assert self.engine is not None
+        self.stats.add(engine_calls=1)
         try:
-            self.stats.engine_calls += 1
             return self.engine.classify(request.texts)
         except Exception as exc:  # noqa: BLE001 — a model failure must not stop the server
-            return f"{type(exc).__name__}: {exc}"
+            return _describe(exc)
 
-    def _control(self, request: ControlRequest) -> dict[str, Any]:
-        """Answer health/info/stats."""
-        if request.op == "health":
-            return {"id": request.id, "op": "health", "status": "ok"}
-        if request.op == "info":
-            return {"id": request.id, "op": "info", **self.info}
-        return {"id": request.id, "op": "stats", **self.stats.to_json()}
+    # -- lines in, lines out --------------------------------------------------------------------
+
+    def encode(self, response: Response) -> bytes:
+        """The wire line of one response; internal_error (same id) if it cannot be encoded."""
+        try:
+            return encode_line(response)
+        except Exception as exc:  # noqa: BLE001 — e.g. an id that cannot be written back
+            error = self.error(response.get("id"), INTERNAL_ERROR, f"cannot encode the answer: {_describe(exc)}")
+        try:
+            return encode_line(error)
+        except Exception:  # noqa: BLE001 — then the id itself is the problem: answer without it
+            return encode_line({**error, "id": None})
+
+    def answer_lines(self, lines: Sequence[bytes | LineTooLong]) -> list[bytes]:
+        """Every non-blank line's response line, in input order; classify requests in one call."""
+        # Control ops are answered after the batch's model call, so stats include this batch.
+        triaged = [answer for line in lines if (answer := self.triage(line, answer_control=False)) is not None]
+        answers = iter(self.classify([item for item in triaged if isinstance(item, ClassifyRequest)]))
+        responses = [next(answers) if isinstance(item, ClassifyRequest)
+                     else self.control(item) if isinstance(item, ControlRequest) else item for item in triaged]
+        return [self.encode(response) for response in responses]
 
     def ready_event(self) -> dict[str, Any]:
         """The optional first line for embedding apps: version, model, variant, limits."""
-        return {"event": "ready", **self.info, "warm_up_ms": round(self.engine.warm_up_ms, 3)}
+        warm_up_ms = self.engine.warm_up_ms if self.engine is not None else 0.0
+        return {"event": "ready", **self.info, "warm_up_ms": round(warm_up_ms, 3)}

@@ -11,10 +11,14 @@
   batch. Interactive input gives batches of one, answered immediately; piped bulk input piles up in
   the pipe while the model runs and is answered at batch speed. (A reader thread handing lines
   over a queue costs an extra thread wake-up per request, which a loaded machine makes slow.)
-- Each batch of responses is written with os.write straight away (no userspace buffer to flush).
+- Each batch of responses is written with os.write straight away (no userspace buffer to flush),
+  whole lines only, also when stdout was inherited non-blocking (runtime/framing.write_all).
+- Memory: read-ahead and each engine call take at most MAX_BATCH_LINES lines and MAX_BATCH_BYTES
+  bytes; over-long lines are skipped as they stream by; texts are cut to the model's budget.
 - EOF: answer everything read, return 0. SIGTERM/SIGINT: read no more, answer every complete
   line already read (the sender handed those over), return 0.
-  Reader gone (EPIPE): return 0 quietly.
+  Reader gone (EPIPE): return 0 quietly. Other output failures (ENOSPC, EBADF) raise
+  OutputFailed, which the command line turns into one log line and exit code 6.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ import select
 import signal
 import sys
 from collections import deque
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from runtime.framing import LineSplitter, OutputFailed, write_all
 from runtime.protocol import LineTooLong, encode_line
 
 if TYPE_CHECKING:  # the service imports numpy; stdio must be importable before the CPU check
@@ -38,87 +42,37 @@ log = logging.getLogger("decide")
 
 READ_CHUNK = 1 << 16
 MAX_BATCH_LINES = 256  # lines answered per engine call at most
+# Bytes of complete lines read ahead / answered per call at most (at least one line is always
+# taken): with texts cut to the model's budget, this is what bounds memory for any input.
+MAX_BATCH_BYTES = 4 << 20
 STOP_POLL_S = 0.2  # how often an idle server checks for SIGTERM/SIGINT
 
 
-def ensure_std_fds() -> None:
+def ensure_std_fds() -> set[int]:
     """Open /dev/null on any of fds 0–2 that is closed (`decide <&-`): otherwise the next file
-    opened (the model!) would get fd 0 and be read as requests."""
+    opened (the model!) would get fd 0 and be read as requests. Returns the fds that were closed."""
+    closed = set()
     for fd, mode in ((0, os.O_RDONLY), (1, os.O_WRONLY), (2, os.O_WRONLY)):
         try:
             os.fstat(fd)
         except OSError:
+            closed.add(fd)
             opened = os.open(os.devnull, mode)
             if opened != fd:
                 os.dup2(opened, fd)
                 os.close(opened)
+    return closed
 
 
-def protect_stdout() -> int:
-    """Keep fd 1 for the protocol (returned as a new fd) and send everything else on fd 1 to stderr."""
-    ensure_std_fds()
+def protect_stdout(require_stdout: bool = False) -> int:
+    """Keep fd 1 for the protocol (returned as a new fd) and send everything else on fd 1 to stderr.
+    With require_stdout, a closed stdout (`decide >&-`) raises OutputFailed: answers would be lost."""
+    if 1 in ensure_std_fds() and require_stdout:
+        raise OutputFailed("stdout is closed (started with >&-); nowhere to write answers")
     sys.stdout.flush()
     wire = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)  # ≥ 3: never one of the standard fds
     os.dup2(2, 1)
     return wire
-
-
-class LineSplitter:
-    """Bytes in, lines out (without the newline). Over-long lines are dropped as they stream by
-    and reported as LineTooLong, so memory stays bounded by the limit."""
-
-    def __init__(self, max_line_bytes: int):
-        self.max_line_bytes = max_line_bytes
-        self.pending = bytearray()
-        self.discarding = 0  # bytes of an over-long line seen so far, 0 = not discarding
-
-    def feed(self, chunk: bytes) -> list[bytes | LineTooLong]:
-        """Complete lines found in `chunk` (plus what was pending)."""
-        lines: list[bytes | LineTooLong] = []
-        start = 0
-        while True:
-            newline = chunk.find(b"\n", start)
-            piece = chunk[start:] if newline < 0 else chunk[start:newline]
-            if self.discarding:
-                self.discarding += len(piece)
-            elif len(self.pending) + len(piece) > self.max_line_bytes:
-                self.discarding = len(self.pending) + len(piece)
-                self.pending.clear()
-            else:
-                self.pending += piece
-            if newline < 0:
-                return lines
-            lines.append(self._take())
-            start = newline + 1
-
-    def finish(self) -> list[bytes | LineTooLong]:
-        """At EOF: the last line if it had no trailing newline."""
-        return [self._take()] if self.discarding or self.pending else []
-
-    def _take(self) -> bytes | LineTooLong:
-        if self.discarding:
-            line: bytes | LineTooLong = LineTooLong(self.discarding)
-            self.discarding = 0
-        else:
-            line = bytes(self.pending)
-            line = line[:-1] if line.endswith(b"\r") else line  # accept CRLF
-            self.pending.clear()
-        return line
-
-
-def split_lines(chunks: Iterable[bytes], max_line_bytes: int) -> list[bytes | LineTooLong]:
-    """All lines of a chunked stream (LineSplitter over an iterable)."""
-    splitter = LineSplitter(max_line_bytes)
-    lines = [line for chunk in chunks for line in splitter.feed(chunk)]
-    return lines + splitter.finish()
-
-
-def write_all(fd: int, data: bytes) -> None:
-    """os.write until every byte is out (pipes may accept partial writes)."""
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
 
 
 class _Input:
@@ -138,7 +92,7 @@ class _Input:
             self.eof = True
             return False
 
-    def read_into(self, lines: deque) -> None:
+    def read_into(self, lines: "_Lines") -> None:
         """One read; lines completed by it are appended."""
         try:
             chunk = os.read(self.fd, READ_CHUNK)
@@ -153,8 +107,9 @@ class _Input:
 
 
 def serve(service: Service, wire: int, ready: bool = False, input_fd: int = 0,
-          max_batch_lines: int = MAX_BATCH_LINES) -> int:
-    """Serve until EOF or SIGTERM/SIGINT; returns the exit code (0)."""
+          max_batch_lines: int = MAX_BATCH_LINES, max_batch_bytes: int = MAX_BATCH_BYTES) -> int:
+    """Serve until EOF or SIGTERM/SIGINT; returns the exit code (0). Raises framing.OutputFailed
+    when stdout cannot take our lines (full disk, closed fd); EPIPE ends serving quietly."""
     stop = False
 
     def request_stop(signum: int, _frame: object) -> None:
@@ -166,11 +121,10 @@ def serve(service: Service, wire: int, ready: bool = False, input_fd: int = 0,
     signal.signal(signal.SIGINT, request_stop)
 
     source = _Input(input_fd, service.limits.max_line_bytes)
-    lines: deque = deque()
+    lines = _Lines()
 
     def answer_next_batch() -> None:
-        batch = [lines.popleft() for _ in range(min(len(lines), max_batch_lines))]
-        responses = service.answer_lines(batch)
+        responses = service.answer_lines(lines.take(max_batch_lines, max_batch_bytes))
         if responses:
             write_all(wire, b"".join(responses))
 
@@ -182,8 +136,10 @@ def serve(service: Service, wire: int, ready: bool = False, input_fd: int = 0,
                 if not source.readable(STOP_POLL_S):
                     continue  # idle (or input gone): check for a stop request or EOF
                 source.read_into(lines)
-            # Read ahead: whatever else already arrived joins this batch.
-            while not source.eof and len(lines) < max_batch_lines and source.readable(0):
+            # Read ahead: whatever else already arrived joins this batch. The stop check matters
+            # when the input streams bytes without a newline (no line ever completes).
+            while (not stop and not source.eof and len(lines) < max_batch_lines
+                   and lines.bytes < max_batch_bytes and source.readable(0)):
                 source.read_into(lines)
             if not lines:
                 if source.eof:
@@ -196,3 +152,32 @@ def serve(service: Service, wire: int, ready: bool = False, input_fd: int = 0,
         # The reader closed stdout: nobody is listening, so stop quietly (no traceback).
         log.info("stdout closed by the reader; exiting")
     return 0
+
+
+class _Lines:
+    """Complete lines read but not answered yet, with their size in bytes."""
+
+    def __init__(self) -> None:
+        self.items: deque[bytes | LineTooLong] = deque()
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def extend(self, lines: list[bytes | LineTooLong]) -> None:
+        self.items.extend(lines)
+        self.bytes += sum(len(line) for line in lines if isinstance(line, bytes))
+
+    def take(self, max_lines: int, max_bytes: int) -> list[bytes | LineTooLong]:
+        """The oldest lines, at most max_lines and (beyond the first) max_bytes."""
+        batch: list[bytes | LineTooLong] = []
+        size = 0
+        while self.items and len(batch) < max_lines:
+            line = self.items[0]
+            length = len(line) if isinstance(line, bytes) else 0
+            if batch and size + length > max_bytes:
+                break
+            batch.append(self.items.popleft())
+            size += length
+        self.bytes -= size
+        return batch

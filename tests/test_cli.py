@@ -137,3 +137,14 @@ def test_embedding_example_runs_against_a_package(tiny_package_dir):
                              "Pumpe 3: Vibration über Grenzwert"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert [line.split()[0] for line in result.stdout.splitlines()] == ["weather", "tech"]
+
+
+def test_reports_to_a_full_or_closed_stdout_exit_6_with_one_line(tiny_package_dir):
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run([sys.executable, "-m", "runtime", "info", "--model", str(tiny_package_dir)], cwd=REPO,
+                                stdout=full, stderr=subprocess.PIPE, timeout=60)
+    assert result.returncode == 6
+    assert result.stderr.decode().splitlines() == ["decide: cannot write answers to stdout: No space left on device"]
+    result = subprocess.run([sys.executable, "-m", "runtime", "info", "--json", "--model", str(tiny_package_dir)],
+                            cwd=REPO, stderr=subprocess.PIPE, timeout=60, preexec_fn=lambda: os.close(1))
+    assert result.returncode == 6 and len(result.stderr.decode().splitlines()) == 1

@@ -134,3 +134,83 @@ def test_model_failure_is_isolated_to_its_request(service, monkeypatch):
                                  '{"id": 3, "text": "goal"}')
     assert first["label"] == "weather" and last["label"] == "sports"
     assert broken["error"]["code"] == "internal_error" and "model exploded" in broken["error"]["message"]
+
+
+# -- one bad line, one error line (issue 15) -----------------------------------------------------
+
+
+def test_any_exception_while_parsing_a_line_becomes_that_lines_error(service, monkeypatch):
+    import runtime.service as service_module
+
+    real_parse = service_module.parse_line
+
+    def fragile_parse(line, limits):
+        if line == b"explode":
+            raise MemoryError("parser ran out of memory")
+        if line == b"recurse":
+            raise RecursionError("maximum recursion depth exceeded")
+        return real_parse(line, limits)
+
+    monkeypatch.setattr(service_module, "parse_line", fragile_parse)
+    first, boom, deep, last = answer(service, '{"id": 1, "text": "rain"}', b"explode", b"recurse",
+                                     '{"id": 4, "text": "goal"}')
+    assert (first["label"], last["label"]) == ("weather", "sports")
+    assert boom["error"]["code"] == deep["error"]["code"] == "internal_error"
+    assert "MemoryError" in boom["error"]["message"] and "RecursionError" in deep["error"]["message"]
+
+
+def test_an_answer_that_cannot_be_encoded_becomes_internal_error(service, monkeypatch):
+    import runtime.service as service_module
+
+    real_encode = service_module.encode_line
+
+    def fragile_encode(response):
+        if response.get("id") == "unwritable":
+            raise ValueError("cannot encode")
+        return real_encode(response)
+
+    monkeypatch.setattr(service_module, "encode_line", fragile_encode)
+    bad, good = answer(service, '{"id": "unwritable", "text": "rain"}', '{"id": 2, "text": "goal"}')
+    assert bad["error"]["code"] == "internal_error" and "cannot encode" in bad["error"]["message"]
+    assert good["label"] == "sports"
+
+
+@pytest.mark.parametrize("line, message", [
+    (b"[" * 3000, "nested too deeply"),
+    (b'{"id": ' + b"1" * 4301 + b"}", "4301 digits is too large (at most 4300 digits)"),
+    (b'{"id": -' + b"1" * 5000 + b', "text": "x"}', "5000 digits"),
+])
+def test_parser_limits_have_plain_messages(line, message):
+    reply = parse_line(line)
+    assert reply.code == "invalid_json" and message in reply.message
+
+
+def test_integers_up_to_the_limit_are_fine_ids():
+    request = parse_line(b'{"id": ' + b"9" * 4300 + b', "text": "x"}')
+    assert isinstance(request, ClassifyRequest) and request.id == int("9" * 4300)
+
+
+@pytest.mark.parametrize("line, blank", [
+    (b"", True), (b"   ", True), (b"\t \r", True), ("\ufeff ".encode(), True),
+    ("\u3000".encode(), False), (b"\x1c", False), (b"\x0b", False), ("\u00a0".encode(), False),
+    ("\u2028".encode(), False), (b"\x00", False),
+])
+def test_blank_means_empty_or_json_whitespace_only(line, blank):
+    assert (parse_line(line) is None) == blank
+
+
+def test_over_long_texts_are_cut_before_the_tokenizer_and_say_truncated(service):
+    budget = service.max_text_chars
+    assert budget == 24 * 32  # max_length × CHARS_PER_TOKEN
+    one_long_word = "rain " + "x" * budget  # 2 tokens after the cut: only the cut makes it truncated
+    short, cut, many = answer(service, json.dumps({"id": 1, "text": "rain " + "x" * (budget - 5)}),
+                              json.dumps({"id": 2, "text": one_long_word}),
+                              json.dumps({"id": 3, "texts": ["goal", "y" * 3_000]}))
+    assert (short["truncated"], short["label"]) == (False, "weather")
+    assert (cut["truncated"], cut["label"]) == (True, "weather")
+    assert [r["truncated"] for r in many["results"]] == [False, True]
+
+
+def test_the_engine_cuts_too_when_called_directly(service):
+    (result,) = service.engine.classify(["rain " + "x" * 10_000])
+    assert result.truncated and result.label == "weather"

@@ -10,17 +10,9 @@ import pytest
 
 from runtime import sdnotify
 from runtime.protocol import ClassifyRequest
-from runtime.server import (
-    ListenError,
-    Pending,
-    RequestQueue,
-    check_socket_directory,
-    is_loopback,
-    parse_proc_status,
-    parse_tcp_address,
-    percentile,
-)
-from runtime.stdio import LineSplitter, split_lines
+from runtime.framing import LineSplitter, split_lines
+from runtime.listen import ListenError, check_socket_directory, is_loopback, parse_tcp_address
+from runtime.server import Pending, RequestQueue, parse_proc_status, percentile
 
 
 def split_incrementally(chunks: list[bytes], limit: int) -> list:
@@ -153,3 +145,54 @@ def test_notify_sends_one_datagram(tmp_path, monkeypatch):
         assert receiver.recv(4096) == b"READY=1\nSTATUS=serving"
     monkeypatch.delenv("NOTIFY_SOCKET")
     assert not sdnotify.notify("READY=1")
+
+
+# -- framing: whole-line writes ------------------------------------------------------------------
+
+
+def test_write_all_waits_on_a_non_blocking_pipe_and_writes_everything():
+    from runtime.framing import write_all
+
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    data = b"".join(b'{"id": %d}\n' % i for i in range(100_000))  # far more than the pipe holds
+    received = bytearray()
+
+    def slow_reader():
+        time.sleep(0.3)  # the writer meets EAGAIN first
+        while chunk := os.read(read_fd, 4096):
+            received.extend(chunk)
+
+    reader = threading.Thread(target=slow_reader)
+    reader.start()
+    write_all(write_fd, data)
+    os.close(write_fd)
+    reader.join(timeout=30)
+    os.close(read_fd)
+    assert bytes(received) == data
+
+
+def test_write_all_errors_are_typed():
+    from runtime.framing import OutputFailed, write_all
+
+    with open("/dev/full", "wb") as full, pytest.raises(OutputFailed, match="No space left"):
+        write_all(full.fileno(), b"x\n")
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)
+    with pytest.raises(BrokenPipeError):
+        write_all(write_fd, b"x\n")
+    os.close(write_fd)
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    with pytest.raises(OutputFailed, match="stopped reading"):
+        write_all(write_fd, b"y" * (1 << 20), give_up=lambda: True)  # nobody reads: give up when asked
+    os.close(read_fd)
+    os.close(write_fd)
+
+
+def test_splitter_knows_when_it_holds_a_partial_line():
+    splitter = LineSplitter(10)
+    assert splitter.feed(b"abc") == [] and splitter.holds_partial_line
+    assert splitter.feed(b"\n") == [b"abc"] and not splitter.holds_partial_line
+    splitter.feed(b"x" * 20)
+    assert splitter.holds_partial_line  # discarding an over-long line counts too

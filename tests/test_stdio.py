@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from runtime.protocol import LineTooLong
-from runtime.stdio import split_lines
+from runtime.framing import split_lines
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -145,7 +145,7 @@ def test_utf8_regardless_of_locale(tiny_package_dir):
 
 
 def test_stray_prints_cannot_reach_the_wire():
-    code = ("import os; from runtime.stdio import protect_stdout, write_all; w = protect_stdout(); "
+    code = ("import os; from runtime.stdio import protect_stdout; from runtime.framing import write_all; w = protect_stdout(); "
             "print('stray print'); os.write(1, b'stray fd write\\n'); write_all(w, b'wire\\n')")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, timeout=30)
     assert out.stdout == b"wire\n"
@@ -225,3 +225,127 @@ def test_signal_answers_every_line_already_read(tiny_package_dir):
     proc.wait(timeout=60)
     assert proc.returncode == 0
     assert [json.loads(line)["id"] for line in out.splitlines()] == list(range(600))
+
+
+# -- hostile input and output failures (issue 15) ------------------------------------------------
+
+
+def rss_peak_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+@pytest.mark.parametrize("hostile, code, words", [
+    (b"[" * 5000, "invalid_json", "nested too deeply"),
+    (b'{"a":' * 3000, "invalid_json", "nested too deeply"),
+    (b'{"id": ' + b"7" * 5000 + b', "text": "rain"}', "invalid_json", "5000 digits is too large"),
+    ("\u3000".encode(), "invalid_json", ""),
+    (b"\x1c", "invalid_json", ""),
+    (b"\x0b\x0c", "invalid_json", ""),
+])
+def test_a_line_that_breaks_the_parser_is_answered_and_nothing_read_is_lost(tiny_package_dir, hostile, code, words):
+    lines = [b'{"id": 1, "text": "rain"}', hostile, b'{"id": 3, "text": "goal"}']
+    proc = start(tiny_package_dir)
+    out, err = proc.communicate(b"\n".join(lines) + b"\n", timeout=60)  # one read: all in one batch
+    assert proc.returncode == 0 and b"Traceback" not in err, err
+    first, error, last = [json.loads(line) for line in out.splitlines()]
+    assert (first["id"], first["label"], last["id"], last["label"]) == (1, "weather", 3, "sports")
+    assert error["error"]["code"] == code and words in error["error"]["message"]
+    assert "set_int_max_str_digits" not in error["error"]["message"]
+
+
+def test_huge_texts_are_cut_before_tokenizing_and_memory_stays_bounded(tiny_package_dir):
+    # 96 texts of 1.5 MiB each (a word the model knows first): uncut, tokenizing them took ~56 MB
+    # per MiB of text; cut to the model's budget they cost nothing, and read-ahead holds ≤ 4 MiB.
+    proc = start(tiny_package_dir, "--ready", "--max-line-bytes", str(2 << 20))
+    read_line(proc)
+    text = "rain " + "x" * (3 << 19)
+    payload = b"".join(json.dumps({"id": i, "text": text}).encode() + b"\n" for i in range(96))
+    out = []
+
+    def collect() -> None:
+        for _ in range(96):
+            out.append(json.loads(proc.stdout.readline()))
+
+    reader = threading.Thread(target=collect)
+    reader.start()
+    proc.stdin.write(payload)
+    proc.stdin.flush()
+    reader.join(timeout=120)
+    peak = rss_peak_mb(proc.pid)
+    proc.stdin.close()
+    proc.wait(timeout=60)
+    assert [(r["id"], r["label"], r["truncated"]) for r in out] == [(i, "weather", True) for i in range(96)]
+    assert peak < 400, f"peak RSS {peak:.0f} MB for 144 MiB of input"
+
+
+def test_non_blocking_stdout_gets_whole_lines(tiny_package_dir):
+    # Node/Java parents hand down O_NONBLOCK pipes: a full pipe then says EAGAIN instead of waiting.
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    lines = b"".join(json.dumps({"id": i, "texts": ["rain", "goal", "server"]}).encode() + b"\n" for i in range(3000))
+    proc = subprocess.Popen([sys.executable, "-m", "runtime", "--model", str(tiny_package_dir)], cwd=REPO,
+                            stdin=subprocess.PIPE, stdout=write_fd, stderr=subprocess.PIPE)
+    os.close(write_fd)
+    feeder = threading.Thread(target=lambda: (proc.stdin.write(lines), proc.stdin.close()))
+    feeder.start()
+    import time
+    time.sleep(2.0)  # not reading: the pipe fills and the server sees EAGAIN
+    data = b""
+    while chunk := os.read(read_fd, 1 << 16):
+        data += chunk
+    os.close(read_fd)
+    feeder.join(timeout=60)
+    proc.wait(timeout=60)
+    err = proc.stderr.read()
+    assert proc.returncode == 0 and b"Traceback" not in err, err
+    answers = [json.loads(line) for line in data.splitlines()]  # every line whole
+    assert [a["id"] for a in answers] == list(range(3000))
+
+
+def test_full_disk_on_stdout_exits_6_with_one_line(tiny_package_dir):
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run([sys.executable, "-m", "runtime", "--model", str(tiny_package_dir), "-q"], cwd=REPO,
+                                input=b'{"id": 1, "text": "rain"}\n', stdout=full, stderr=subprocess.PIPE, timeout=60)
+    assert result.returncode == 6
+    assert result.stderr.decode().splitlines() == ["decide: cannot write answers to stdout: No space left on device"]
+
+
+def test_closed_stdout_exits_6_with_one_line(tiny_package_dir):
+    result = subprocess.run([sys.executable, "-m", "runtime", "--model", str(tiny_package_dir), "-q"], cwd=REPO,
+                            input=b'{"id": 1, "text": "rain"}\n', stderr=subprocess.PIPE, timeout=60,
+                            preexec_fn=lambda: os.close(1))
+    assert result.returncode == 6
+    lines = result.stderr.decode().splitlines()
+    assert len(lines) == 1 and "stdout is closed" in lines[0]
+
+
+def test_sigterm_works_while_stdin_streams_bytes_without_a_newline(tiny_package_dir):
+    proc = start(tiny_package_dir, "--ready")
+    read_line(proc)
+    proc.stdin.write(b'{"id": 1, "text": "rain"}\n')
+    proc.stdin.flush()
+    assert json.loads(read_line(proc))["id"] == 1
+    stop = threading.Event()
+
+    def flood() -> None:
+        try:
+            while not stop.is_set():
+                proc.stdin.write(b"x" * 65536)
+        except (BrokenPipeError, ValueError):
+            pass
+
+    feeder = threading.Thread(target=flood, daemon=True)
+    feeder.start()
+    import time
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    finally:
+        stop.set()
+    assert proc.returncode == 0
+    assert b"Traceback" not in proc.stderr.read()

@@ -85,6 +85,10 @@ def build_parser(command: str) -> argparse.ArgumentParser:
         parser.add_argument("--max-texts", type=int, default=DEFAULT_MAX_TEXTS,
                             help="most texts in one {\"texts\": [...]} request")
         parser.add_argument("--max-batch", type=int, default=32, help="most texts per model call")
+        parser.add_argument("--min-score", type=float, default=None, metavar="X",
+                            help='abstain below this calibrated score: "label": null, "abstained": true, '
+                                 "scores kept (default: never abstain; pick X from `python -m models "
+                                 "evaluate`'s coverage table)")
         from runtime import server  # stdlib only, like this module
 
         server.add_arguments(parser)
@@ -174,6 +178,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.max_line_bytes < 1 or args.max_texts < 1 or args.max_batch < 1:
         raise UsageError("--max-line-bytes, --max-texts and --max-batch must be at least 1")
+    if args.min_score is not None and not 0.0 < args.min_score <= 1.0:
+        raise UsageError(f"--min-score must be in (0, 1], got {args.min_score}")
     # Claim stdout before importing numpy/onnxruntime, so nothing they print reaches the wire.
     wire = stdio.protect_stdout(require_stdout=not server.wants_socket(args))
     if server.wants_socket(args):
@@ -183,7 +189,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from runtime.service import Service
 
     limits = Limits(max_line_bytes=args.max_line_bytes, max_texts=args.max_texts)
-    service = Service(engine, limits, info={"tier": setup.choice.tier.name, "arch": setup.features.arch})
+    service = Service(engine, limits, info={"tier": setup.choice.tier.name, "arch": setup.features.arch},
+                      min_score=args.min_score)
     log.info("ready: model %s %s, tier %s, variant %s, %d threads, warm-up %.0f ms",
              setup.package.manifest.name, setup.package.manifest.version, setup.choice.tier.name,
              engine.variant.name, setup.threads, engine.warm_up_ms)
@@ -203,7 +210,8 @@ def serve_socket(args: argparse.Namespace, wire: int) -> int:
     except server.ListenError as exc:
         raise UsageError(str(exc)) from exc
     setup = prepare(args)
-    service = Service(None, limits, info={"tier": setup.choice.tier.name, "arch": setup.features.arch})
+    service = Service(None, limits, info={"tier": setup.choice.tier.name, "arch": setup.features.arch},
+                      min_score=args.min_score)
     try:
         return server.run(config, service, lambda: load_engine(setup, args, max_batch=args.max_batch),
                           ready_wire=wire if args.ready else None)

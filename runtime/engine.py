@@ -102,6 +102,7 @@ class Engine:
         self.package = package
         self.variant = manifest.variants[variant]
         self.labels = manifest.labels
+        self.temperature = manifest.temperature
         self.settings = settings
         self.limits = limits
         self.buckets = bucket_lengths(manifest.max_length, limits.buckets)
@@ -169,6 +170,8 @@ class Engine:
         input_ids, attention_mask = pad_batch(items, length, self.encoder.pad_id)
         feed = {"input_ids": input_ids, "attention_mask": attention_mask}
         (logits,) = self.session.run(["logits"], {k: v for k, v in feed.items() if k in self.input_names})
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
         return softmax_rows(logits)
 
     def classify_encoded(self, items: Sequence[Encoded]) -> list[Classification]:

@@ -73,7 +73,15 @@ class Manifest:
     golden: FileEntry | None = None
     description: str = ""
     provenance: dict[str, Any] = field(default_factory=dict)
+    # {"temperature": T, …}: the runtime divides logits by T before the softmax (fitted by the
+    # factory on validation data so that scores mean what they say); absent = 1.0
+    calibration: dict[str, Any] = field(default_factory=dict)
     format: int = FORMAT_VERSION
+
+    @property
+    def temperature(self) -> float:
+        """The softmax temperature the scores are calibrated with (1.0 when none was fitted)."""
+        return float(self.calibration.get("temperature", 1.0))
 
     def to_json(self) -> dict[str, Any]:
         """The manifest as the JSON object stored in manifest.json."""
@@ -117,9 +125,22 @@ class Manifest:
                 golden=FileEntry(**golden) if golden else None,
                 description=data.get("description", ""),
                 provenance=data.get("provenance", {}),
+                calibration=_calibration(data.get("calibration")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise PackageError(f"malformed manifest: {exc!r}") from exc
+
+
+def _calibration(value: Any) -> dict[str, Any]:
+    """The manifest's calibration section; a temperature must be a finite positive number."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise PackageError(f"malformed manifest: calibration must be an object, got {type(value).__name__}")
+    temperature = value.get("temperature", 1.0)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < 1e3:
+        raise PackageError(f"malformed manifest: calibration.temperature must be a positive number, got {temperature!r}")
+    return dict(value)
 
 
 @dataclass(frozen=True)

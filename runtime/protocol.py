@@ -206,12 +206,18 @@ def _parse_object(data: dict[str, Any], request_id: JsonScalar, limits: Limits) 
 
 
 def result_json(label: str, score: float, probs: tuple[float, ...], labels: tuple[str, ...],
-                truncated: bool) -> dict[str, Any]:
-    """One text's result: top label and score, every class probability, truncation flag."""
+                truncated: bool, min_score: float | None = None) -> dict[str, Any]:
+    """One text's result: top label and score, every class probability, truncation flag.
+
+    Below `min_score` the model abstains: "label" is null and "abstained" true; score and scores
+    stay, so a client can still look at what the model leaned to.
+    """
+    abstained = min_score is not None and score < min_score
     return {
-        "label": label,
+        "label": None if abstained else label,
         "score": round(score, 6),
         "scores": {name: round(p, 6) for name, p in zip(labels, probs)},
+        "abstained": abstained,
         "truncated": truncated,
     }
 

@@ -109,8 +109,9 @@ class Service:
 
     def __init__(self, engine: "Engine | None" = None, limits: Limits = Limits(),
                  info: dict[str, Any] | None = None, hooks: TransportHooks = TransportHooks(),
-                 max_text_chars: int | None = None):
+                 max_text_chars: int | None = None, min_score: float | None = None):
         self.limits = limits
+        self.min_score = min_score  # below it an answer abstains (label null); None = never
         self.hooks = hooks
         self.stats = Stats()
         self.extra_info = dict(info or {})
@@ -131,6 +132,8 @@ class Service:
             "model": {"name": manifest.name, "version": manifest.version, "labels": list(manifest.labels),
                       "max_length": manifest.max_length, "max_text_chars": self.max_text_chars},
             "variant": self.variant,
+            "min_score": self.min_score,
+            "temperature": engine.temperature,
             "limits": self.limits.to_json(),
             "buckets": list(engine.buckets),
             "threads": engine.settings.threads,
@@ -202,7 +205,7 @@ class Service:
                 responses.append(self.error(request.id, INTERNAL_ERROR, outcome))
                 continue
             clipped = request.clipped or (False,) * len(outcome)
-            items = [result_json(c.label, c.score, c.probs, self.engine.labels, c.truncated or cut)
+            items = [result_json(c.label, c.score, c.probs, self.engine.labels, c.truncated or cut, self.min_score)
                      for c, cut in zip(outcome, clipped)]
             body = items[0] if request.single else {"results": items}
             responses.append({"id": request.id, **body, "variant": self.variant, "ms": elapsed_ms})

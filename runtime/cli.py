@@ -62,7 +62,7 @@ def build_parser(command: str) -> argparse.ArgumentParser:
         description={
             "serve": "Classify JSON lines from stdin to stdout (the default command).",
             "info": "Show the probed CPU, every tier with pass/fail, and the choice.",
-            "selftest": "Check the golden examples against the FP32 reference on this machine.",
+            "selftest": "Check the golden examples against each variant's own expected outputs and the FP32 reference on this machine.",
             "bench": "Latency percentiles and throughput per batch size, short and long texts.",
         }[command],
         epilog="Commands: serve (default), info, selftest, bench. Exit codes: 0 ok, 1 internal error, "

@@ -10,7 +10,9 @@ Layout of a package directory:
     <variant files>   ONNX models: inputs input_ids, attention_mask (int64 [batch, seq]),
                       output logits (float32 [batch, num_labels]); may share external data files
     golden.jsonl      one JSON object a line: {"text", "language", "label", "probs"}; probs are
-                      the FP32 reference probabilities, in label order
+                      the FP32 reference probabilities, in label order. Optional "expected":
+                      {variant: {"alone": probs, "batched": probs}}, each variant's own outputs
+                      as `decide selftest` runs it (each text alone; all texts in one call)
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class Variant:
     cpu_families: tuple[str, ...] = ()  # tiers this variant was made for
     metrics: dict[str, Any] = field(default_factory=dict)  # accuracy/macro-F1 per language …
     golden_tolerance: float = 2e-3  # max |Δp| vs the FP32 reference on the golden set
+    # max |Δp| vs the variant's own expected outputs in golden.jsonl ("expected"); None: the
+    # package has none (older packages), selftest then checks the FP32 reference only
+    expected_tolerance: float | None = None
 
     def files(self) -> tuple[FileEntry, ...]:
         """Every file the variant needs, graph first."""
@@ -109,6 +114,8 @@ class Manifest:
                     cpu_families=tuple(v.get("cpu_families", ())),
                     metrics=v.get("metrics", {}),
                     golden_tolerance=float(v.get("golden_tolerance", 2e-3)),
+                    expected_tolerance=(float(v["expected_tolerance"])
+                                        if v.get("expected_tolerance") is not None else None),
                 )
                 for name, v in data["variants"].items()
             }

@@ -1,8 +1,17 @@
-"""selftest: the package's golden inputs → expected labels and probabilities on this machine."""
+"""selftest: the package's golden inputs → expected labels and probabilities on this machine.
+
+Two comparisons per variant. (1) Its own expected outputs, stored by the factory in
+golden.jsonl for exactly the runs made here (each text alone; all texts in one call, batched
+and padded as the engine plans it), within `expected_tolerance` (~1e-3: the spread measured
+across CPU kernel families). This catches a broken kernel or a corrupted weight scale. (2) The
+FP32 reference within `golden_tolerance` (accuracy drift of the variant, a looser bound).
+Packages without expected outputs get (2) only.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,18 +28,23 @@ class GoldenResult:
     variant: str
     examples: int
     label_matches: int
-    max_prob_diff: float
+    max_prob_diff: float  # vs the FP32 reference
     tolerance: float
     protocol_ok: bool
     problems: tuple[str, ...]
+    max_expected_diff: float | None = None  # vs the variant's own expected outputs
+    expected_tolerance: float | None = None
 
     @property
     def passed(self) -> bool:
-        """Every label matches, probabilities within tolerance, protocol round trip fine."""
+        """Every label matches, probabilities within both tolerances, protocol round trip fine."""
+        own_ok = self.expected_tolerance is None or (
+            self.max_expected_diff is not None and self.max_expected_diff <= self.expected_tolerance)
         return (
             self.examples > 0
             and self.label_matches == self.examples
             and self.max_prob_diff <= self.tolerance
+            and own_ok
             and self.protocol_ok
         )
 
@@ -39,43 +53,73 @@ class GoldenResult:
         return {
             "variant": self.variant, "passed": self.passed, "examples": self.examples,
             "label_matches": self.label_matches, "max_prob_diff": self.max_prob_diff,
-            "tolerance": self.tolerance, "protocol_ok": self.protocol_ok, "problems": list(self.problems),
+            "tolerance": self.tolerance, "max_expected_diff": self.max_expected_diff,
+            "expected_tolerance": self.expected_tolerance, "protocol_ok": self.protocol_ok,
+            "problems": list(self.problems),
         }
 
     def summary(self) -> str:
         """One human-readable line."""
         verdict = "PASS" if self.passed else "FAIL"
+        own = ""
+        if self.expected_tolerance is not None:
+            measured = "missing" if self.max_expected_diff is None else f"{self.max_expected_diff:.2e}"
+            own = f"own expected outputs max |Δp| {measured} (tolerance {self.expected_tolerance:.0e}), "
         return (
-            f"{verdict} {self.variant}: {self.label_matches}/{self.examples} golden labels, "
-            f"max |Δp| {self.max_prob_diff:.2e} (tolerance {self.tolerance:.0e}), "
+            f"{verdict} {self.variant}: {self.label_matches}/{self.examples} golden labels, {own}"
+            f"vs FP32 reference max |Δp| {self.max_prob_diff:.2e} (tolerance {self.tolerance:.0e}), "
             f"protocol {'ok' if self.protocol_ok else 'BROKEN'}"
         )
 
 
 def check_golden(engine: Engine) -> GoldenResult:
-    """Run the golden set through the engine and the protocol; compare with the FP32 reference."""
+    """Run the golden set through the engine (each text alone, then all in one call) and the
+    protocol; compare with the variant's own expected outputs and with the FP32 reference."""
     golden = read_golden(engine.package)
+    name = engine.variant.name
     problems: list[str] = []
     if not golden:
         problems.append("the package has no golden set")
-    results = engine.classify([g["text"] for g in golden])
+    texts = [g["text"] for g in golden]
+    runs = {"alone": [engine.classify([text])[0] for text in texts], "batched": engine.classify(texts)}
     matches, max_diff = 0, 0.0
-    for example, result in zip(golden, results):
-        if result.label == example["label"]:
+    for index, example in enumerate(golden):
+        labels = {run: results[index].label for run, results in runs.items()}
+        if all(label == example["label"] for label in labels.values()):
             matches += 1
         else:
-            problems.append(f"{example['text'][:60]!r}: got {result.label}, expected {example['label']}")
-        diff = max(abs(a - b) for a, b in zip(result.probs, example["probs"]))
-        max_diff = max(max_diff, diff)
+            problems.append(f"{example['text'][:60]!r}: got {labels}, expected {example['label']}")
+        for results in runs.values():
+            max_diff = max(max_diff, _max_abs_diff(results[index].probs, example["probs"]))
+    max_expected = None
+    if engine.variant.expected_tolerance is not None and golden:
+        missing = [g["text"][:40] for g in golden if name not in g.get("expected", {})]
+        if missing:
+            problems.append(f"golden set has no expected outputs of {name} for {len(missing)} texts")
+        else:
+            max_expected = max(
+                _max_abs_diff(results[index].probs, example["expected"][name][run])
+                for run, results in runs.items() for index, example in enumerate(golden))
+            if max_expected > engine.variant.expected_tolerance:
+                problems.append(f"outputs differ from {name}'s own expected outputs by {max_expected:.2e} "
+                                f"(tolerance {engine.variant.expected_tolerance:.0e}): broken kernel or model file?")
     return GoldenResult(
-        variant=engine.variant.name,
+        variant=name,
         examples=len(golden),
         label_matches=matches,
         max_prob_diff=max_diff,
         tolerance=engine.variant.golden_tolerance,
         protocol_ok=_protocol_round_trip(engine, golden, problems),
         problems=tuple(problems),
+        max_expected_diff=max_expected,
+        expected_tolerance=engine.variant.expected_tolerance,
     )
+
+
+def _max_abs_diff(probs: Sequence[float], expected: Sequence[float]) -> float:
+    if len(probs) != len(expected):
+        return float("inf")
+    return max(abs(a - b) for a, b in zip(probs, expected))
 
 
 def _protocol_round_trip(engine: Engine, golden: list[dict[str, Any]], problems: list[str]) -> bool:

@@ -3,7 +3,7 @@
 import pytest
 
 from runtime.engine import Engine
-from runtime.package import load_package
+from runtime.package import load_package, read_golden
 from runtime.selftest import check_golden
 
 
@@ -27,3 +27,70 @@ def test_real_model_selftest(real_model_dir):
     for name in package.manifest.variants:
         result = check_golden(Engine(package, name))
         assert result.passed, (name, result.problems[:5])
+
+
+def _corrupted_copy(real_model_dir, tmp_path, variant, pick, change):
+    """A copy of the real package whose `variant` graph has one quantization parameter changed
+    (manifest checksums updated, so only selftest can notice)."""
+    import dataclasses
+    import shutil
+
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from runtime.package import file_entry, write_manifest
+
+    copy = tmp_path / "package"
+    shutil.copytree(real_model_dir, copy)
+    path = copy / load_package(copy).manifest.variants[variant].file.file
+    model = onnx.load(str(path), load_external_data=False)
+    name = pick(model)
+    init = next(i for i in model.graph.initializer if i.name == name)
+    values = numpy_helper.to_array(init).copy()
+    values.flat[5] = change(values.flat[5])
+    init.CopyFrom(numpy_helper.from_array(values, name))
+    onnx.save(model, str(path))
+    manifest = load_package(copy).manifest
+    entry = dataclasses.replace(manifest.variants[variant], file=file_entry(copy, path.name))
+    write_manifest(copy, dataclasses.replace(manifest, variants={**manifest.variants, variant: entry}))
+    return copy
+
+
+def _node_input(op_type, occurrence, position):
+    return lambda model: [n for n in model.graph.node if n.op_type == op_type][occurrence].input[position]
+
+
+@pytest.mark.parametrize("variant, pick, change", [
+    # one per-channel weight scale of the first layer's QKV projection, 2 % off
+    ("int8-u8s8", _node_input("QAttention", 0, 4), lambda v: v * 1.02),
+    # one weight zero point of the third layer's QKV projection, off by one
+    ("int8-u8s8", _node_input("QAttention", 2, 7), lambda v: v + 1),
+    # one weight zero point of the second MatMul (first FFN projection), off by one
+    ("int8-u8u8", _node_input("MatMulIntegerToFloat", 1, 5), lambda v: v + 1),
+    # one weight scale of the first MatMul (attention output projection), 2 % off
+    ("int8-u8u8", _node_input("MatMulIntegerToFloat", 0, 3), lambda v: v * 1.02),
+])
+def test_corrupted_int8_variant_fails_selftest(real_model_dir, tmp_path, variant, pick, change):
+    package = load_package(real_model_dir)
+    if variant not in package.manifest.variants:
+        pytest.skip(f"{variant} not published in the default package")
+    copy = _corrupted_copy(real_model_dir, tmp_path, variant, pick, change)
+    result = check_golden(Engine(load_package(copy), variant))
+    assert not result.passed
+    # Labels and the loose FP32-reference bound let such a fault through; the comparison with
+    # the variant's own expected outputs is what catches it.
+    assert result.label_matches == result.examples
+    assert result.max_prob_diff <= result.tolerance
+    assert result.max_expected_diff > result.expected_tolerance
+    assert any("own expected outputs" in p for p in result.problems)
+
+
+def test_real_model_golden_has_each_variants_own_outputs(real_model_dir):
+    package = load_package(real_model_dir)
+    golden = read_golden(package)
+    for name, variant in package.manifest.variants.items():
+        assert variant.expected_tolerance is not None and variant.expected_tolerance <= 1e-2, name
+        assert all(set(g["expected"][name]) == {"alone", "batched"} for g in golden), name
+        result = check_golden(Engine(package, name))
+        assert result.max_expected_diff is not None and result.max_expected_diff <= variant.expected_tolerance

@@ -1,0 +1,259 @@
+"""The figures of issue 13 for a package's int8 variants: determinism, batch-1 speed, accuracy.
+
+    python3 benchmarks/int8.py determinism [--model DIR] [--texts 320]
+    python3 benchmarks/int8.py socket      [--model DIR] [--texts 240] [--others 8]
+    python3 benchmarks/int8.py speed       [--model DIR] [--threads 1,2] [--rounds 40]
+    python3 benchmarks/int8.py accuracy    [--model DIR]
+
+determinism: each held-out text alone (batch 1, its own length) vs the same text mixed into
+  batches of other texts of varied lengths (random sizes 2–32, shuffled; the engine pads them to
+  its buckets), twice with different mixes: label changes and max |Δp| per variant.
+socket: `decide serve --socket` with the variant forced; one client sends the texts one at a time
+  while N other clients stream other texts (short and long), so the server batches them
+  together; answers compared with the same engine run alone in this process.
+speed: bare ORT sessions (no tokenizer, no protocol), batch 1, each text at its own length;
+  short = held-out texts of ≤ 16 tokens, medium = held-out texts joined to 64 tokens. Variants
+  interleaved text by text (A, B, C, A, B, C …), median per text, ratio FP32 / variant of the
+  summed medians. Prints the load average: the box is shared.
+accuracy: held-out split (validation + test of the recipe's split), bare ORT: accuracy,
+  macro-F1, worst class-recall drop vs FP32, label agreement with FP32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import numpy as np  # noqa: E402
+
+from runtime.package import load_package  # noqa: E402
+
+DEFAULT_MODEL = REPO / "models" / "topics-multilingual"
+SHORT_TOKENS = 16
+MEDIUM_TOKENS = 64
+
+
+def heldout_examples(split_seed: int = 13) -> list:
+    """Validation + test examples of the default recipe's split (never seen in training or calibration)."""
+    from models.data import load_chatterbot_topics, split_examples
+
+    splits = split_examples(load_chatterbot_topics(), split_seed)
+    return list(splits.val) + list(splits.test)
+
+
+def sample_texts(count: int, seed: int = 7) -> list[str]:
+    """`count` held-out texts, a fixed random sample."""
+    texts = [e.text for e in heldout_examples()]
+    return random.Random(seed).sample(texts, min(count, len(texts)))
+
+
+def determinism(model: Path, count: int) -> None:
+    from runtime.engine import Engine
+
+    package = load_package(model)
+    texts = sample_texts(count)
+    others = sample_texts(2000, seed=11)
+    print(f"{len(texts)} held-out texts: alone vs mixed into batches of 2–32 other texts (2 mixes)")
+    print(f"{'variant':<11} {'label changes':>13} {'max |Δp|':>10}")
+    for name in package.manifest.variants:
+        engine = Engine(package, name)
+        alone = [engine.classify([t])[0] for t in texts]
+        changes, worst = 0, 0.0
+        for mix in range(2):
+            rng = random.Random(100 + mix)
+            mixed: list = [None] * len(texts)
+            position = 0
+            while position < len(texts):
+                size = rng.randint(2, 32)
+                own = list(range(position, min(position + rng.randint(1, 4), len(texts))))
+                batch = [(i, texts[i]) for i in own] + [(None, t) for t in rng.sample(others, max(0, size - len(own)))]
+                rng.shuffle(batch)
+                for (index, _), result in zip(batch, engine.classify([t for _, t in batch])):
+                    if index is not None:
+                        mixed[index] = result
+                position = own[-1] + 1
+            for a, b in zip(alone, mixed):
+                changes += a.label != b.label
+                worst = max(worst, max(abs(p - q) for p, q in zip(a.probs, b.probs)))
+        print(f"{name:<11} {changes:>13} {worst:>10.1e}")
+
+
+async def _socket_run(where: str, texts: list[str], others: list[str], clients: int) -> list[dict]:
+    from load import client, open_connection  # benchmarks/load.py
+
+    import json
+
+    stop = [False]
+    latencies: list[float] = []
+    errors: list[str] = []
+
+    async def stream(offset: int) -> None:
+        while not stop[0]:
+            await client(where, others, offset, time.perf_counter() + 0.5, float("inf"), latencies, errors)
+
+    background = [asyncio.create_task(stream(1000 * (k + 1))) for k in range(clients)]
+    await asyncio.sleep(1.0)
+    reader, writer = await open_connection(where)
+    answers = []
+    for number, text in enumerate(texts):
+        writer.write(json.dumps({"id": number, "text": text}, ensure_ascii=False).encode() + b"\n")
+        answers.append(json.loads(await reader.readline()))
+    writer.close()
+    stop[0] = True
+    await asyncio.gather(*background)
+    return answers
+
+
+def socket_check(model: Path, count: int, clients: int) -> None:
+    from load import request, start_server
+
+    from runtime.engine import Engine
+
+    package = load_package(model)
+    labels = package.manifest.labels
+    texts = sample_texts(count)
+    rng = random.Random(5)
+    pool = sample_texts(1500, seed=13)
+    others = pool[:1000] + [" ".join(rng.sample(pool, 8)) for _ in range(200)]  # short and long
+    print(f"{len(texts)} texts over the socket, {clients} other clients streaming; vs the engine alone")
+    print(f"{'variant':<11} {'label changes':>13} {'max |Δp|':>10} {'batches seen (size: count)'}")
+    for name in package.manifest.variants:
+        engine = Engine(package, name)
+        alone = [engine.classify([t])[0] for t in texts]
+        with tempfile.TemporaryDirectory() as directory:
+            proc, ready = start_server(model, ["--variant", name], directory)
+            try:
+                answers = asyncio.run(_socket_run(ready["listen"], texts, others, clients))
+                stats = asyncio.run(request(ready["listen"], {"id": "s", "op": "stats"}))
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+        changes, worst = 0, 0.0
+        for a, answer in zip(alone, answers):
+            changes += a.label != answer.get("label")
+            # the protocol rounds scores to 6 decimals
+            worst = max(worst, max(abs(p - answer["scores"][label]) for p, label in zip(a.probs, labels)))
+        sizes = stats.get("batch_sizes") or stats.get("stats", {}).get("batch_sizes") or {}
+        print(f"{name:<11} {changes:>13} {worst:>10.1e} {dict(list(sizes.items())[:8]) if sizes else ''}")
+
+
+def speed_texts(model: Path) -> dict[str, list[list[int]]]:
+    """Token ids: short (≤ 16 tokens) and medium (held-out texts joined, cut to 64 tokens)."""
+    from tokenizers import Tokenizer
+
+    package = load_package(model)
+    tokenizer = Tokenizer.from_file(str(package.path(package.manifest.tokenizer)))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=package.manifest.max_length)
+    texts = sample_texts(400, seed=3)
+    ids = [e.ids for e in tokenizer.encode_batch(texts)]
+    short = [s for s in ids if len(s) <= SHORT_TOKENS][:60]
+    medium = []
+    for start in range(0, len(texts), 8):
+        joined = tokenizer.encode(" ".join(texts[start:start + 12])).ids
+        if len(joined) >= MEDIUM_TOKENS:
+            medium.append(joined[:MEDIUM_TOKENS - 1] + joined[-1:])  # keep the closing special token
+    return {"short": short, "medium": medium[:30]}
+
+
+def speed(model: Path, thread_counts: list[int], rounds: int) -> None:
+    from runtime.engine import SessionSettings, session_options
+
+    import onnxruntime as ort
+
+    package = load_package(model)
+    names = list(package.manifest.variants)
+    sets = speed_texts(model)
+    print(f"load average before: {os.getloadavg()}; cores usable: {len(os.sched_getaffinity(0))}; "
+          f"short {len(sets['short'])} texts ({min(map(len, sets['short']))}–{max(map(len, sets['short']))} tokens), "
+          f"medium {len(sets['medium'])} texts ({MEDIUM_TOKENS} tokens)")
+    for threads in thread_counts:
+        sessions = {}
+        for name in names:
+            options = session_options(SessionSettings(threads=threads))
+            sessions[name] = ort.InferenceSession(str(package.path(package.manifest.variants[name].file)),
+                                                  options, providers=["CPUExecutionProvider"])
+        for kind, seqs in sets.items():
+            feeds = [{"input_ids": np.array([s], dtype=np.int64),
+                      "attention_mask": np.ones((1, len(s)), dtype=np.int64)} for s in seqs]
+            for session in sessions.values():
+                for feed in feeds[:10]:
+                    session.run(["logits"], feed)
+            times = {name: [[] for _ in feeds] for name in names}
+            cpu = {name: [[] for _ in feeds] for name in names}
+            for _ in range(rounds):
+                for index, feed in enumerate(feeds):
+                    for name in names:
+                        start, start_cpu = time.perf_counter(), time.process_time()
+                        sessions[name].run(["logits"], feed)
+                        cpu[name][index].append(time.process_time() - start_cpu)
+                        times[name][index].append(time.perf_counter() - start)
+            # CPU time too: on a shared box wall time includes waiting for a core
+            for label, table in (("wall", times), ("cpu", cpu)):
+                total = {n: sum(statistics.median(t) for t in table[n]) / len(feeds) * 1000 for n in names}
+                line = " ".join(f"{n} {total[n]:.3f} ms ({total['fp32'] / total[n]:.2f}×)" for n in names)
+                print(f"threads {threads} {kind:<6} {label:<4}: {line}", flush=True)
+    print(f"load average after: {os.getloadavg()}")
+
+
+def accuracy(model: Path) -> None:
+    from tokenizers import Tokenizer
+
+    from models.evaluate import ort_logits, ort_session
+    from models.metrics import classification_metrics
+
+    package = load_package(model)
+    labels = package.manifest.labels
+    examples = heldout_examples()
+    tokenizer = Tokenizer.from_file(str(package.path(package.manifest.tokenizer)))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=package.manifest.max_length)
+    seqs = [e.ids for e in tokenizer.encode_batch([e.text for e in examples])]
+    y = np.array([labels.index(e.label) for e in examples])
+    predictions, metrics = {}, {}
+    for name, variant in package.manifest.variants.items():
+        predictions[name] = ort_logits(ort_session(package.path(variant.file)), seqs, package.manifest.pad_id,
+                                       name=f"evaluate {name}").argmax(1)
+        metrics[name] = classification_metrics(y, predictions[name], labels)
+    ref = metrics["fp32"]
+    print(f"held-out (validation + test): {len(y)} examples")
+    print(f"{'variant':<11} {'accuracy':>8} {'macro-F1':>8} {'worst recall Δ':>14} {'agree w/ FP32':>13}")
+    for name, m in metrics.items():
+        worst = max(100 * (r - m["recall"].get(k, 0.0)) for k, r in ref["recall"].items())
+        agree = int((predictions[name] == predictions["fp32"]).sum())
+        print(f"{name:<11} {100 * m['accuracy']:>8.2f} {100 * m['macro_f1']:>8.2f} {-worst:>+14.2f} {agree:>8}/{len(y)}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=("determinism", "socket", "speed", "accuracy"))
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--texts", type=int, default=None)
+    parser.add_argument("--others", type=int, default=8)
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--rounds", type=int, default=40)
+    args = parser.parse_args()
+    if args.what == "determinism":
+        determinism(args.model, args.texts or 320)
+    elif args.what == "socket":
+        socket_check(args.model, args.texts or 240, args.others)
+    elif args.what == "speed":
+        speed(args.model, [int(t) for t in args.threads.split(",")], args.rounds)
+    else:
+        accuracy(args.model)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

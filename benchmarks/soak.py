@@ -155,20 +155,33 @@ def soak_stdio(command: list[str], total: int, rng: random.Random) -> dict:
     started = time.monotonic()
 
     def feed() -> None:
-        for offset in range(0, total, 1000):
-            proc.stdin.write(b"".join(line + b"\n" for line in lines[offset:offset + 1000]))
-        proc.stdin.flush()
+        try:
+            for offset in range(0, total, 1000):
+                proc.stdin.write(b"".join(line + b"\n" for line in lines[offset:offset + 1000]))
+            proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # the server died: the missing answers show as lost
 
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
-    watchdog = threading.Timer(600, proc.kill)  # a hung server ends the run (and shows as lost answers)
-    watchdog.start()
+    finished = threading.Event()
+
+    def watchdog() -> None:  # a server that stops answering for 120 s ends the run (lost answers)
+        seen = -1
+        while not finished.wait(120):
+            if len(answers) == seen:
+                proc.kill()
+                return
+            seen = len(answers)
+
+    threading.Thread(target=watchdog, daemon=True).start()
     while len(answers) < len(expected) and (line := proc.stdout.readline()):
         answers.append(line)
-    watchdog.cancel()
+    finished.set()
     elapsed = time.monotonic() - started
-    memory = proc_memory(proc.pid)
+    memory = proc_memory(proc.pid) if proc.poll() is None else {"VmHWM": float("nan")}
     sampler.stopped.set()
+    feeder.join()
     proc.stdin.close()
     extra = proc.stdout.read()
     proc.wait(timeout=60)

@@ -21,11 +21,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from runtime.engine import Engine, EngineLimits, SessionSettings  # noqa: E402
-from runtime.package import load_package, read_golden  # noqa: E402
-from runtime.text import DEFAULT_BUCKETS, Encoded  # noqa: E402
+from runtime.engine import Engine, EngineLimits, SessionSettings
+from runtime.package import load_package, read_golden
+from runtime.text import DEFAULT_BUCKETS, Encoded
 
 COARSE_BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128)
 

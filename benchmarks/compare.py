@@ -36,12 +36,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
 
-from contenders import (WireSystem, WorkerSystem, process_tree_memory_kb, quiet_env,  # noqa: E402
+from benchmarks.contenders import (WireSystem, WorkerSystem, process_tree_memory_kb, quiet_env,
                         worker_command)
-from runtime.package import Package, load_package, read_golden, sha256_file  # noqa: E402
+from runtime.package import Package, load_package, read_golden, sha256_file
 
 SHORT_TOKENS = 16
 MEDIUM_TARGETS = (64, 80, 96, 112, 128)  # token targets the medium texts cycle through
@@ -436,7 +434,7 @@ def main() -> int:
                         help="only rewrite the table and plot from a saved compare.json")
     args = parser.parse_args()
     if args.render:
-        from compare_report import write_results
+        from benchmarks.compare_report import write_results
 
         for path in write_results(json.loads(args.render.read_text(encoding="utf-8")), args.out,
                                   plot_png=not args.no_plot):
@@ -530,7 +528,7 @@ def main() -> int:
     report["targets"] = targets(report)
     report["run_seconds"] = round(time.perf_counter() - started, 1)
 
-    from compare_report import write_results
+    from benchmarks.compare_report import write_results
 
     paths = write_results(report, args.out, plot_png=not args.no_plot)
     print("\n".join(f"wrote {p}" for p in paths), file=sys.stderr)

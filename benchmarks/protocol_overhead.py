@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from runtime.package import load_package, read_golden  # noqa: E402  (stdlib-only modules)
+from runtime.package import load_package, read_golden  # stdlib-only modules
 
 SHORT_TOKENS = 16
 FIXED_PADDING = 128

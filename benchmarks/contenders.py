@@ -27,9 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-
 from runtime.package import load_package  # stdlib only
+
+REPO = Path(__file__).resolve().parent.parent
 
 FIXED_PADDING = 128  # the article's fixed sequence length
 SYSTEMS = ("torch", "bare", "fixed128", "engine")

@@ -17,11 +17,10 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-
 from benchmarks.compare import DEFAULT_MODEL, text_sets
 from runtime.package import load_package
 
+REPO = Path(__file__).resolve().parent.parent
 
 def op_times_us(model: Path, variant: str, texts: list[str], batch: int, calls: int, threads: int) -> dict[str, float]:
     """Mean microseconds per call spent in each operator type (ORT profiler, after one warm-up call)."""

@@ -74,8 +74,10 @@ def print_report(manifest: dict[str, object], zip_path: Path) -> None:
     print("      largest files:")
     for name, size in manifest["top_files"]:  # type: ignore[union-attr]
         print(f"        {size / 1e6:7.1f} MB  {name}")
-    steps = ", ".join(f"{name} {seconds:.0f}s" for name, seconds in manifest["step_seconds"].items())  # type: ignore[union-attr]
-    print(f"      steps: {steps}")
+    cpu = manifest["step_cpu_seconds"]
+    steps = ", ".join(f"{name} {seconds:.0f}s ({cpu[name]:.0f}s CPU)"  # type: ignore[index]
+                      for name, seconds in manifest["step_seconds"].items())  # type: ignore[union-attr]
+    print(f"      steps, wall (CPU): {steps}")
     print(f"      unpacked {manifest['unpacked_bytes'] / 1e6:.1f} MB, built in {manifest['build_seconds']:.0f}s\n")
     print(f"{zip_path.relative_to(REPO) if zip_path.is_relative_to(REPO) else zip_path}  "
           f"({manifest['zip_bytes'] / 1e6:.1f} MB)  glibc floor {manifest['glibc_floor']['glibc']}  "  # type: ignore[index]

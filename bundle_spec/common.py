@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import subprocess
 import time
 from dataclasses import dataclass
@@ -76,27 +77,37 @@ class Refused(Exception):
 # ----------------------------------------------------------------------------- progress output
 
 _STARTED = time.monotonic()
-STEP_SECONDS: dict[str, float] = {}  # step title → seconds, for the build manifest
-_current: list[tuple[str, float]] = []
+STEP_SECONDS: dict[str, float] = {}  # step title → wall seconds, for the build manifest
+# step title → CPU seconds of build.py and everything it ran (user + system): on a shared machine
+# the wall time says how busy it was, this says what the step costs.
+STEP_CPU_SECONDS: dict[str, float] = {}
+_current: list[tuple[str, float, float]] = []
+
+
+def _cpu_seconds() -> float:
+    """CPU time used so far by this process and its waited-for children."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _close_step() -> None:
+    if _current:
+        name, started, cpu = _current.pop()
+        STEP_SECONDS[name] = round(time.monotonic() - started, 1)
+        STEP_CPU_SECONDS[name] = round(_cpu_seconds() - cpu, 1)
 
 
 def step(number: int, total: int, title: str) -> None:
-    """Print the header of a build step (and close the previous one's timer)."""
-    now = time.monotonic()
-    if _current:
-        name, started = _current.pop()
-        STEP_SECONDS[name] = round(now - started, 1)
-    _current.append((title.split(":")[0], now))
-    print(f"\n[{number}/{total}] {title}  (+{now - _STARTED:.0f}s)", flush=True)
+    """Print the header of a build step (and close the previous one's timers)."""
+    _close_step()
+    _current.append((title.split(":")[0], time.monotonic(), _cpu_seconds()))
+    print(f"\n[{number}/{total}] {title}  (+{time.monotonic() - _STARTED:.0f}s)", flush=True)
 
 
 def finish_steps() -> float:
-    """Close the last step's timer; returns the seconds since the build started."""
-    step_done = time.monotonic()
-    if _current:
-        name, started = _current.pop()
-        STEP_SECONDS[name] = round(step_done - started, 1)
-    return round(step_done - _STARTED, 1)
+    """Close the last step's timers; returns the seconds since the build started."""
+    _close_step()
+    return round(time.monotonic() - _STARTED, 1)
 
 
 def note(text: str) -> None:

@@ -33,7 +33,7 @@ from bundle_spec.archive import installed_versions, print_report, size_report, w
 from bundle_spec.assemble import assemble
 from bundle_spec.checks import glibc_floor, smoke_test
 from bundle_spec.common import (ARCHES, DEFAULT_CACHE, DEFAULT_MAX_GLIBC, PYTHON_PREFIX, PYTHON_SOURCE,
-                                REPO, ROOT_SUITE, STEP_SECONDS, Arch, BuildError, Refused,
+                                REPO, ROOT_SUITE, STEP_CPU_SECONDS, STEP_SECONDS, Arch, BuildError, Refused,
                                 finish_steps, note, run, step, version_tuple)
 from bundle_spec.freeze import freeze
 from bundle_spec.legacy import add_legacy_stack
@@ -183,6 +183,7 @@ def build(args: argparse.Namespace) -> dict[str, object]:
     total = finish_steps()
     manifest = {**build_info, "zip": zip_path.name, "zip_bytes": zip_path.stat().st_size,
                 "zip_sha256": digest, **sizes, "build_seconds": total, "step_seconds": dict(STEP_SECONDS),
+                "step_cpu_seconds": dict(STEP_CPU_SECONDS),
                 "build_root": str(root.path)}
     (args.dist / f"{zip_stem(arch.name)}.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print_report(manifest, zip_path)

@@ -8,8 +8,8 @@
 The steps live in bundle_spec/ (one module each; the order in bundle_spec/pipeline.py). Why a
 Debian 11 root: PyInstaller copies libpython, libstdc++, libffi … from the machine it runs on, so
 the bundle needs at least that machine's glibc. Caches live in ~/.cache/decide-build (--cache);
-a fresh machine needs only the Debian and PyPI registries. From nothing: x86_64 ~8 min, aarch64
-~9 min on 2 cores; cached rebuild 2-4 min (README, "The bundle").
+a fresh machine needs only the Debian and PyPI registries. Measured times (from nothing, cached)
+are in README, "The bundle".
 Exit codes: 0 built, 1 build failed, 2 refused (unsupported arch, not root, bad arguments).
 """
 

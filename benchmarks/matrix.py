@@ -10,7 +10,7 @@
 
 The zips are the ones whose build manifest names this commit and inputs digest (dist/ or the
 build cache; bundle_spec.matrix.zip_for_tree), never merely the newest; `--fresh` rebuilds them
-first (cached roots: 2-4 min each; from nothing ~8-9 min each), `--zip` names one explicitly.
+first (build times: README, "The bundle"), `--zip` names one explicitly.
 For each CPU model the frozen bundle runs under qemu-user (bundle_spec/matrix.py, qemu_user.py): `decide info --json` (flags, tier, variant),
 `decide selftest --json`, then a few golden texts through `decide` on stdin, compared with the
 native FP32 reference probabilities within the tolerance the manifest records for the variant.

@@ -111,8 +111,8 @@ def zip_for_tree(arch: str, model_dir: Path, build_log: Path, rebuild: bool = Fa
 
     Looked for in dist/ (a `python3 build.py` of this tree) and in <build cache>/bundles/<arch>-
     <commit>-<digest>/, where it is built (`build.py --no-smoke`: the matrix cells run selftest
-    on the emulated CPUs anyway) when neither has it, or always with `rebuild`. Cached roots and
-    wheels make a rebuild 2-4 min. Raises BundleUnavailable when building is impossible here (not
+    on the emulated CPUs anyway) when neither has it, or always with `rebuild` (cached roots and
+    wheels: only PyInstaller, assemble and zip run again). Raises BundleUnavailable when building is impossible here (not
     root), RuntimeError when build.py fails.
     """
     commit, digest = git_commit(), inputs_digest(model_dir)

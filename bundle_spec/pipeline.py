@@ -14,7 +14,7 @@ Steps, each printed with its start time (long outputs go to build/<arch>/logs/):
  10. zip           zip with symlinks kept, .sha256, build manifest, size report
 
 Only PyInstaller, the extension-module check, ldconfig and the smoke test run under qemu for
-aarch64; everything else is native (measured: ~9 min from nothing on 2 cores, see README).
+aarch64; everything else is native (measured step times: README, "The bundle").
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ def zip_stem(arch: str) -> str:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Command-line options (all have working defaults)."""
-    doc = sys.modules["__main__"].__doc__ or __doc__
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="build.py", description="Build the decide bundle: dist/decide-<version>-linux-<arch>.zip.",
+        epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", default=platform.machine(), help="target architecture (default: host)")
     parser.add_argument("--model", type=Path, default=REPO / DEFAULT_MODEL, help="model package to embed")
     parser.add_argument("--max-glibc", default=DEFAULT_MAX_GLIBC,

@@ -2,8 +2,8 @@
 the CPython it was frozen from complete on an emulated Cortex-A53.
 
 The zip is the one built from the tree under test (bundle_spec.matrix.zip_for_tree: this commit
-and inputs digest; built with `build.py --arch aarch64` when missing, ~9 min from nothing, 2-4 min
-with the build cache). Running the app on emulated CPUs is tests/test_matrix.py's job.
+and inputs digest; built with `build.py --arch aarch64` when missing: README, "The bundle", says
+how long that takes). Running the app on emulated CPUs is tests/test_matrix.py's job.
 """
 
 from __future__ import annotations

@@ -103,8 +103,9 @@ def check_host(args: argparse.Namespace) -> Arch:
             raise Refused(f"missing host packages {', '.join(missing)} and no apt-get to install them")
         note(f"installing {', '.join(missing)} with apt-get")
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        run(["apt-get", "update", "-q"], env=env)
-        run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], env=env)
+        wait = ["-o", "DPkg::Lock::Timeout=600"]  # another apt (e.g. the other arch's build) may be running
+        run(["apt-get", *wait, "update", "-q"], env=env)
+        run(["apt-get", *wait, "install", "-y", "-q", "--no-install-recommends", *missing], env=env)
     if not (args.model / "manifest.json").is_file():
         raise Refused(f"no model package at {args.model} (manifest.json missing): "
                       "build it with the factory in models/ first, or pass --model DIR")

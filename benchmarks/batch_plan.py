@@ -20,12 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from runtime.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
+from runtime.engine import Engine, EngineLimits, SessionSettings
+from runtime.package import load_package, read_golden
+from runtime.text import DEFAULT_BUCKETS, Encoded
 
-from runtime.engine import Engine, EngineLimits, SessionSettings  # noqa: E402
-from runtime.package import load_package, read_golden  # noqa: E402
-from runtime.text import DEFAULT_BUCKETS, Encoded  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 COARSE_BUCKETS = (8, 12, 16, 24, 32, 48, 64, 96, 128)
 
@@ -93,7 +93,7 @@ def batches_of_16(engine: Engine, texts: list[str], rounds: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, default=REPO / "models" / "topics-multilingual")
+    parser.add_argument("--model", type=Path, default=REPO / DEFAULT_MODEL_DIR)
     parser.add_argument("--variant", default="int8-u8u8")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=6)

@@ -35,17 +35,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from contenders import (WireSystem, WorkerSystem, process_tree_memory_kb, quiet_env,  # noqa: E402
+from benchmarks.contenders import (WireSystem, WorkerSystem, process_tree_memory_kb, quiet_env,
                         worker_command)
-from runtime.package import Package, load_package, read_golden, sha256_file  # noqa: E402
+from runtime.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
+from runtime.bench import percentile
+from runtime.package import Package, load_package, read_golden, sha256_file
 
+REPO = Path(__file__).resolve().parent.parent
 SHORT_TOKENS = 16
 MEDIUM_TARGETS = (64, 80, 96, 112, 128)  # token targets the medium texts cycle through
-DEFAULT_MODEL = REPO / "models" / "topics-multilingual"
+DEFAULT_MODEL = REPO / DEFAULT_MODEL_DIR  # the embedded default (runtime/appdir.py)
 RESULTS = REPO / "benchmarks" / "results"
 CACHE = Path(os.environ.get("DECIDE_COMPARE_CACHE", Path.home() / ".cache" / "decide" / "compare"))
 TORCH_NAME = "PyTorch eager"
@@ -209,12 +208,6 @@ def start(entry: Entry, model: Path, threads: int, texts: dict[str, list[str]], 
 
 
 # ----------------------------------------------------------------------------- measurements
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of sorted values."""
-    index = min(len(sorted_values) - 1, max(0, round(q / 100 * len(sorted_values)) - 1))
-    return sorted_values[index]
-
 
 def interleaved(entries: list[Entry], kinds: list[str], batches: list[int], rounds: int,
                 seconds: float, min_calls: int) -> dict[tuple[str, str, int], list[dict[str, Any]]]:
@@ -436,7 +429,7 @@ def main() -> int:
                         help="only rewrite the table and plot from a saved compare.json")
     args = parser.parse_args()
     if args.render:
-        from compare_report import write_results
+        from benchmarks.compare_report import write_results
 
         for path in write_results(json.loads(args.render.read_text(encoding="utf-8")), args.out,
                                   plot_png=not args.no_plot):
@@ -449,7 +442,7 @@ def main() -> int:
     from runtime import __version__
 
     if not (args.model / "manifest.json").is_file():
-        raise SystemExit(f"no model package at {args.model}: build it with `python -m models build topics-multilingual`")
+        raise SystemExit(f"no model package at {args.model}: build it with `python -m models build {args.model.name}`")
     package = load_package(args.model)
     info = decide_choice(args.model)
     threads = args.threads or info["cpu"]["usable_cores"]
@@ -530,7 +523,7 @@ def main() -> int:
     report["targets"] = targets(report)
     report["run_seconds"] = round(time.perf_counter() - started, 1)
 
-    from compare_report import write_results
+    from benchmarks.compare_report import write_results
 
     paths = write_results(report, args.out, plot_png=not args.no_plot)
     print("\n".join(f"wrote {p}" for p in paths), file=sys.stderr)

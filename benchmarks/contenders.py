@@ -27,11 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from runtime.package import load_package  # stdlib only
 
-from runtime.package import load_package  # noqa: E402  (stdlib only)
+REPO = Path(__file__).resolve().parent.parent
 
 FIXED_PADDING = 128  # the article's fixed sequence length
 SYSTEMS = ("torch", "bare", "fixed128", "engine")
@@ -93,7 +91,7 @@ def bare_system(model: Path, variant: str, threads: int, fixed_length: int | Non
     """(b) protocol_overhead.BareLoop: its batch-1 call as is; batches padded to the longest text
     (fastembed's way). With fixed_length: (c) every input padded to that length (the article)."""
     import numpy as np
-    from protocol_overhead import BareLoop
+    from benchmarks.protocol_overhead import BareLoop
 
     from runtime.engine import softmax_rows  # the same post-processing as decide: not what is compared
 

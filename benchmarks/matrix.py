@@ -1,13 +1,17 @@
-"""The full emulated CPU matrix of the built zips, as one table.
+"""The full emulated CPU matrix of the zips of this tree, as one table.
 
-    python3 benchmarks/matrix.py                      # every x86_64 and aarch64 model, both zips
+    python3 benchmarks/matrix.py --arch all --fresh   # build both zips from this commit, then
+                                                      # every x86_64 and aarch64 model (as root)
+    python3 benchmarks/matrix.py                      # same with the zips of this tree if built
     python3 benchmarks/matrix.py --arch x86_64 --cpu Nehalem --cpu Penryn
     python3 benchmarks/matrix.py --json matrix.json   # also write the rows as JSON
     python3 benchmarks/matrix.py --arch aarch64 --variant fp32   # FP32 kernels on every model
     python3 benchmarks/matrix.py --arch aarch64 --speed 8 --no-cells  # int8 vs FP32 CPU per text
 
-For each CPU model the frozen bundle (dist/decide-*-linux-<arch>.zip, or $DECIDE_ZIP_<ARCH>) runs
-under qemu-user through tests/emulation.py: `decide info --json` (flags, tier, variant),
+The zips are the ones whose build manifest names this commit and inputs digest (dist/ or the
+build cache; bundle_spec.matrix.zip_for_tree), never merely the newest; `--fresh` rebuilds them
+first (build times: README, "The bundle"), `--zip` names one explicitly.
+For each CPU model the frozen bundle runs under qemu-user (bundle_spec/matrix.py, qemu_user.py): `decide info --json` (flags, tier, variant),
 `decide selftest --json`, then a few golden texts through `decide` on stdin, compared with the
 native FP32 reference probabilities within the tolerance the manifest records for the variant.
 A row for the host itself (no emulation) comes first. Exit status 1 if any cell failed (SIGILL,
@@ -23,25 +27,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-import emulation
+from bundle_spec import matrix as emulation
+from bundle_spec.common import REPO
+from bundle_spec.qemu_user import ensure_qemu, run_emulated
+from runtime.appdir import DEFAULT_MODEL
 
 
 def cpu_seconds(bundle: emulation.Bundle, cpu: str, variant: str, texts: list[str]) -> float:
     """CPU time (all processes, user + system) of serving `texts` one per call on an emulated CPU."""
     models = emulation.X86_CPU_MODELS if bundle.arch == "x86_64" else emulation.ARM_CPU_MODELS
-    ld_prefix = emulation.ARM_LIBC_ROOT if bundle.arch == "aarch64" else None
     lines = "".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = emulation.run_emulated(
+    done = run_emulated(
         [str(bundle.executable), "--variant", variant, "--threads", "1", "--max-batch", "1", "-q"],
-        bundle.arch, models[cpu], ld_prefix=ld_prefix, input=lines, timeout=emulation.EMULATED_TIMEOUT)
+        bundle.arch, models[cpu], ld_prefix=bundle.libc_root, input=lines, timeout=emulation.EMULATED_TIMEOUT)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0 or len(done.stdout.splitlines()) != len(texts):
         raise RuntimeError(f"{cpu} {variant}: exit {done.returncode}: {done.stderr.strip()[-300:]}")
@@ -62,6 +67,20 @@ def speed_table(bundle: emulation.Bundle, cpus: list[str], count: int) -> str:
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows)
 
 
+def zip_of_this_tree(arch: str, model: Path, fresh: bool) -> Path | None:
+    """The zip built from this commit and inputs; built first with `fresh` (None: say why)."""
+    log = REPO / "build" / f"matrix-build-{arch}.log"
+    if fresh:
+        print(f"[matrix] {arch}: building the zip of this commit (log: {log})", file=sys.stderr)
+    try:
+        if fresh or os.geteuid() == 0:
+            return emulation.zip_for_tree(arch, model, log, rebuild=fresh)
+        raise emulation.BundleUnavailable("building one needs root")
+    except emulation.BundleUnavailable as exc:
+        print(f"[matrix] {arch}: no zip of this tree ({exc}); run with --fresh as root", file=sys.stderr)
+        return None
+
+
 def main(arguments: list[str] | None = None) -> int:
     """Run the chosen cells and print the table; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -74,17 +93,19 @@ def main(arguments: list[str] | None = None) -> int:
                         help="also print emulated CPU ms per text of each variant (N golden texts)")
     parser.add_argument("--no-cells", action="store_true", help="with --speed: skip the matrix cells")
     parser.add_argument("--json", type=Path, help="also write the rows to this file")
+    parser.add_argument("--fresh", action="store_true",
+                        help="build the zips from this commit first (build.py, as root), even if built")
+    parser.add_argument("--zip", type=Path, help="run this zip instead (with one --arch)")
+    parser.add_argument("--model", type=Path, default=REPO / DEFAULT_MODEL, help="model the zips embed")
     args = parser.parse_args(arguments)
 
-    emulation.ensure_qemu()
+    ensure_qemu()
     arches = ("x86_64", "aarch64") if args.arch == "all" else (args.arch,)
     cells: list[emulation.CellResult] = []
     speeds: list[str] = []
     for arch in arches:
-        zip_path = emulation.find_zip(arch)
+        zip_path = args.zip or zip_of_this_tree(arch, args.model, args.fresh)
         if zip_path is None:
-            print(f"[matrix] {arch}: no dist/decide-*-linux-{arch}.zip (python build.py"
-                  f"{' --arch aarch64' if arch == 'aarch64' else ''}); skipped", file=sys.stderr)
             continue
         bundle = emulation.unpack_bundle(zip_path, arch)
         size_mb = zip_path.stat().st_size / 1e6

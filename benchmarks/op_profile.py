@@ -17,13 +17,10 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from benchmarks.compare import DEFAULT_MODEL, text_sets
+from runtime.package import load_package
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from compare import DEFAULT_MODEL, text_sets  # noqa: E402
-from runtime.package import load_package  # noqa: E402
-
 
 def op_times_us(model: Path, variant: str, texts: list[str], batch: int, calls: int, threads: int) -> dict[str, float]:
     """Mean microseconds per call spent in each operator type (ORT profiler, after one warm-up call)."""

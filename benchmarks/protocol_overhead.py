@@ -28,11 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runtime.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
+from runtime.package import load_package, read_golden  # stdlib-only modules
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from runtime.package import load_package, read_golden  # noqa: E402  (stdlib-only modules)
-
 SHORT_TOKENS = 16
 FIXED_PADDING = 128
 
@@ -263,7 +262,7 @@ def first_answer(args, variant: str, text: str) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, default=REPO / "models" / "topics-multilingual")
+    parser.add_argument("--model", type=Path, default=REPO / DEFAULT_MODEL_DIR)
     parser.add_argument("--variant", default=None, help="default: what decide chooses on this CPU")
     parser.add_argument("--command", default=None, help='program to test, default "python3 -m runtime"')
     parser.add_argument("--rounds", type=int, default=5)

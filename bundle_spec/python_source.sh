@@ -1,6 +1,6 @@
 #!/bin/sh
 # Unpack Debian's CPython 3.11 source and apply its security patches: shared by the x86_64
-# build (build_python.sh, inside the root) and the arm64 cross build (aarch64/make_root.sh).
+# build (build_python.sh, inside the root) and the arm64 cross build (bundle_spec/python.py).
 #
 # Usage: python_source.sh SRC_DIR WORK_DIR
 #   SRC_DIR  holds Debian's python3.11_*.orig.tar.gz and python3.11_*.debian.tar.xz

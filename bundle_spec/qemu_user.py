@@ -1,8 +1,8 @@
 """Run a program on an emulated CPU with qemu-user, frozen PyInstaller binaries included.
 
-Shared by build.py (the aarch64 build runs inside an arm64 root) and the tests' CPU matrix
-(tests/emulation.py). Standard library only, and runnable as a script: the helper process that
-sets up the namespace is this file itself (`_inside`).
+Shared by the build (the aarch64 build runs PyInstaller inside an arm64 root) and the CPU
+matrix (bundle_spec/matrix.py, tests, benchmarks/matrix.py). Standard library only, and runnable
+by path: the helper process that sets up the namespace is this file itself (`_inside`).
 
 Why not plain `qemu-x86_64 -cpu Nehalem ./decide`: a PyInstaller bootloader re-executes itself
 at start, and that exec leaves qemu (the child runs natively on the host CPU). What works is a
@@ -22,10 +22,10 @@ qemu 10 (bookworm-backports) is required: qemu 7.2 shows the host's x86 /proc/cp
 programs (onnxruntime segfaults at import) and computes wrong int8 results with SVE (-cpu max).
 `ensure_qemu()` installs it with apt when it is missing.
 
-CLI:
-    python3 bundle_spec/qemu_user.py install
-    python3 bundle_spec/qemu_user.py run --arch x86_64 --cpu Nehalem -- ./dist/decide/decide info --json
-    python3 bundle_spec/qemu_user.py run --arch aarch64 --cpu cortex-a53 --root ROOT -- /bin/uname -m
+CLI (from the repository root, or anywhere once the project is installed):
+    python3 -m bundle_spec.qemu_user install
+    python3 -m bundle_spec.qemu_user run --arch x86_64 --cpu Nehalem -- ./dist/decide/decide info --json
+    python3 -m bundle_spec.qemu_user run --arch aarch64 --cpu cortex-a53 --root ROOT -- /bin/uname -m
 """
 
 from __future__ import annotations
@@ -35,11 +35,9 @@ import ctypes
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 QEMU_MIN_VERSION = (10, 0)
@@ -53,8 +51,6 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 """
 
 QEMU_BINARIES = {"x86_64": Path("/usr/bin/qemu-x86_64"), "aarch64": Path("/usr/bin/qemu-aarch64")}
-_ELF_MACHINE = {0x3E: "x86_64", 0xB7: "aarch64"}
-ET_EXEC, ET_DYN = 2, 3
 
 # binfmt_misc rules: ELF64 little-endian, e_machine x86-64 / AArch64.
 # x86_64 matches e_type == ET_EXEC only; aarch64 matches ET_EXEC and ET_DYN (mask 0xfe).
@@ -76,24 +72,6 @@ SIGILL_EXIT = -4  # subprocess returncode of a child killed by SIGILL (qemu re-r
 
 class EmulationUnavailable(RuntimeError):
     """qemu or user namespaces are not usable here (tests skip with this message)."""
-
-
-@dataclass(frozen=True)
-class ElfInfo:
-    """What binfmt_misc looks at: the architecture and whether the file is PIE."""
-
-    arch: str  # "x86_64", "aarch64" or "other"
-    elf_type: int  # ET_EXEC or ET_DYN
-
-
-def read_elf_info(path: Path) -> ElfInfo | None:
-    """Architecture and ELF type of an executable, or None if it is not ELF64-LE."""
-    with open(path, "rb") as fh:
-        head = fh.read(20)
-    if len(head) < 20 or head[:6] != b"\x7fELF\x02\x01":
-        return None
-    elf_type, machine = struct.unpack_from("<HH", head, 16)
-    return ElfInfo(arch=_ELF_MACHINE.get(machine, "other"), elf_type=elf_type)
 
 
 def qemu_version(arch: str = "x86_64") -> tuple[int, int] | None:
@@ -121,7 +99,7 @@ def ensure_qemu(install: bool = True) -> None:
         return
     if not install or os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise EmulationUnavailable(
-            "qemu-user >= 10 is not installed (run `python3 bundle_spec/qemu_user.py install` as root)"
+            "qemu-user >= 10 is not installed (run `python3 -m bundle_spec.qemu_user install` as root)"
         )
     if not BACKPORTS_SOURCES.exists():
         BACKPORTS_SOURCES.write_text(BACKPORTS_STANZA)
@@ -156,7 +134,23 @@ def emulated_command(
         cmd += ["--workdir", str(workdir)]
     if ld_prefix is not None:
         cmd += ["--ld-prefix", str(ld_prefix)]
+    if arch == "x86_64" and argv and _is_pie(argv[0], root):
+        cmd.append("--pie")
     return [*cmd, "--", *argv]
+
+
+def _is_pie(program: str, root: Path | None) -> bool:
+    """True when `program` (a path or a name on PATH) is an x86_64 PIE, which the ET_EXEC-only
+    binfmt rule does not route through qemu."""
+    # Imported here, in the caller's process: this file also runs by path as the namespace
+    # helper (`_inside`), where the bundle_spec package need not be importable.
+    from bundle_spec.elf import ET_EXEC, read_elf_info
+
+    path = Path(program) if "/" in program else Path(shutil.which(program) or program)
+    if root is not None and path.is_absolute():
+        path = root / path.relative_to("/")
+    info = read_elf_info(path) if path.is_file() else None
+    return info is not None and info.arch == "x86_64" and info.elf_type != ET_EXEC
 
 
 def run_emulated(
@@ -277,8 +271,7 @@ def _inside(args: argparse.Namespace) -> None:
     elif args.workdir:
         os.chdir(args.workdir)
     target = shutil.which(argv[0]) or argv[0]
-    info = read_elf_info(Path(target)) if Path(target).is_file() else None
-    if args.arch == "x86_64" and info is not None and info.elf_type != ET_EXEC:
+    if args.pie:
         # A PIE program does not match the x86_64 rule: start it under qemu ourselves.
         argv = [str(QEMU_BINARIES["x86_64"]), "-cpu", args.cpu, target, *argv[1:]]
         target = argv[0]
@@ -298,6 +291,7 @@ def main(arguments: Sequence[str] | None = None) -> int:
         run.add_argument("--root", help="chroot into this directory (arm64 root)")
         run.add_argument("--workdir", help="working directory (inside the root if given)")
         run.add_argument("--ld-prefix", help="QEMU_LD_PREFIX: guest library root, no chroot")
+        run.add_argument("--pie", action="store_true", help=argparse.SUPPRESS)
         run.add_argument("argv", nargs=argparse.REMAINDER)
     args = parser.parse_args(arguments)
     if args.action == "install":

@@ -1,18 +1,21 @@
-"""Shared fixtures for the runtime tests: the tiny package, the real default model (if present)."""
+"""Shared fixtures for the runtime tests: the tiny package, the real default model (if present).
+
+Registers CI's strict mode (tests/strict_mode.py): under DECIDE_STRICT=1 a skipped `heavy` test
+(bundle, matrix, ARM64) is a failure.
+"""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
+from fixtures import tiny_package  # tests/ is on sys.path: pytest's rootdir-relative import
+from strict_mode import pytest_runtest_makereport  # noqa: F401  (the hook, registered here)
+from runtime.appdir import DEFAULT_MODEL
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fixtures import tiny_package  # noqa: E402  (needs the path above)
-
-REAL_MODEL = REPO / "models" / "topics-multilingual"
+REAL_MODEL = REPO / DEFAULT_MODEL
 
 
 @pytest.fixture(scope="session")

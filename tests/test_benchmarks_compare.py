@@ -8,10 +8,9 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks import compare
 
-import compare  # noqa: E402  (benchmarks/ is not a package)
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_text_sets_are_short_and_medium(tiny_package_dir: Path) -> None:

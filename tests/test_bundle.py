@@ -1,8 +1,10 @@
-"""The shipped bundle, end to end: build.py's zip, unzipped and moved, driven like a user would.
+"""The shipped bundle, end to end: the x86_64 zip of the tree under test, unzipped and moved,
+driven like a user would.
 
-The session fixture builds the zip once with `python3 build.py` (or reuses dist/ when its build
-manifest was made from the same inputs), then every test runs the real frozen binary as a
-subprocess. Needs root (debootstrap, chroot); skipped with the reason where that is impossible.
+The session fixture takes the zip whose build manifest names this commit and inputs digest
+(bundle_spec.matrix.zip_for_tree: dist/ or the build cache), building it when there is none, then
+every test runs the real frozen binary as a subprocess. Building needs root (debootstrap, chroot):
+elsewhere these tests skip with the reason, and fail under DECIDE_STRICT=1 (CI).
 """
 
 from __future__ import annotations
@@ -12,57 +14,43 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
-from build_module import load_build_module
+
+from bundle_spec import qemu_user
+from bundle_spec.checks import glibc_floor
+from bundle_spec.common import ARCHES, CHROOT_ENV, DEFAULT_CACHE, DEFAULT_MAX_GLIBC, BuildError, Refused, version_tuple
+from bundle_spec.root import BuildRoot, ensure_clean_root, host_debian_mirrors
+from runtime.package import sha256_file
+from zips import MODEL_DIR, zip_of_this_tree
 
 REPO = Path(__file__).resolve().parent.parent
-MODEL_NAME = "topics-multilingual"
-# Another package directory named topics-multilingual can be embedded instead (e.g. while the
-# factory's model is not built yet): DECIDE_BUNDLE_MODEL=/path/to/topics-multilingual.
-MODEL_DIR = Path(os.environ.get("DECIDE_BUNDLE_MODEL", REPO / "models" / MODEL_NAME))
+MODEL_NAME = MODEL_DIR.name
 EXIT_OK, EXIT_CPU_UNSUPPORTED, EXIT_PACKAGE = 0, 3, 4  # bundle_spec/README.box.md
 
-
-build = load_build_module()
-
-pytestmark = [
-    pytest.mark.skipif(platform.machine() != "x86_64", reason="the bundle is built for x86_64 only so far"),
-    pytest.mark.skipif(os.geteuid() != 0, reason="building the bundle needs root (debootstrap, chroot)"),
-    pytest.mark.skipif(shutil.which("debootstrap") is None and shutil.which("apt-get") is None,
-                       reason="no debootstrap and no apt-get to install it"),
-]
+pytestmark = pytest.mark.heavy
 
 
 @pytest.fixture(scope="session")
-def built() -> dict:
-    """The build manifest of dist/decide-<ver>-linux-x86_64.zip, building it if it is stale."""
-    if not (MODEL_DIR / "manifest.json").is_file():
-        pytest.skip(f"{MODEL_DIR} is not built yet (the bundle embeds it)")
-    manifest_path = REPO / "dist" / f"decide-{build.VERSION}-linux-x86_64.json"
-    if manifest_path.is_file():
-        manifest = json.loads(manifest_path.read_text())
-        zip_path = REPO / "dist" / manifest["zip"]
-        if (manifest["inputs_digest"] == build.inputs_digest(MODEL_DIR) and zip_path.is_file()
-                and build.sha256_file(zip_path) == manifest["zip_sha256"]):
-            return manifest
-    log = REPO / "build" / "test-build.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w", encoding="utf-8") as out:
-        done = subprocess.run([sys.executable, "build.py", "--model", str(MODEL_DIR)], cwd=REPO,
-                              stdout=out, stderr=subprocess.STDOUT, check=False)
-    assert done.returncode == 0, f"build.py failed:\n{log.read_text()[-4000:]}"
-    return json.loads(manifest_path.read_text())
+def zip_path() -> Path:
+    """The x86_64 zip built from the tree under test (built here when there is none)."""
+    if platform.machine() != "x86_64":
+        pytest.skip("the bundle tests run on an x86_64 host")
+    return zip_of_this_tree("x86_64")
 
 
 @pytest.fixture(scope="session")
-def bundle(built: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def built(zip_path: Path) -> dict:
+    """The build manifest written next to the zip."""
+    return json.loads(zip_path.with_suffix(".json").read_text())
+
+
+@pytest.fixture(scope="session")
+def bundle(zip_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The zip unpacked with `unzip`, then moved as a whole to another directory."""
     unpacked = tmp_path_factory.mktemp("unzipped")
-    zip_path = REPO / "dist" / built["zip"]
     if shutil.which("unzip"):
         subprocess.run(["unzip", "-q", str(zip_path), "-d", str(unpacked)], check=True)
     else:
@@ -100,12 +88,11 @@ def golden_examples(bundle: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
-def test_zip_is_small_and_carries_fp32_and_int8(built: dict) -> None:
-    zip_path = REPO / "dist" / built["zip"]
+def test_zip_is_small_and_carries_fp32_and_int8(zip_path: Path, built: dict) -> None:
     assert zip_path.stat().st_size < 100_000_000
     assert built["zip_bytes"] == zip_path.stat().st_size
-    checksum_line = (REPO / "dist" / f"{built['zip']}.sha256").read_text()
-    assert checksum_line.split()[0] == build.sha256_file(zip_path)
+    checksum_line = zip_path.with_name(f"{built['zip']}.sha256").read_text()
+    assert checksum_line.split()[0] == sha256_file(zip_path)
     precisions = {v["precision"] for v in built["model"]["variants"].values()}
     assert {"fp32", "int8"} <= precisions
     with zipfile.ZipFile(zip_path) as archive:
@@ -117,8 +104,8 @@ def test_zip_is_small_and_carries_fp32_and_int8(built: dict) -> None:
         assert required in names
 
 
-def test_symlinks_survive_the_zip(built: dict, bundle: Path) -> None:
-    with zipfile.ZipFile(REPO / "dist" / built["zip"]) as archive:
+def test_symlinks_survive_the_zip(zip_path: Path, bundle: Path) -> None:
+    with zipfile.ZipFile(zip_path) as archive:
         links_in_zip = {Path(info.filename).relative_to("decide") for info in archive.infolist()
                         if (info.external_attr >> 16) & 0o170000 == 0o120000}
     links_unpacked = {p.relative_to(bundle) for p in bundle.rglob("*") if p.is_symlink()}
@@ -128,10 +115,10 @@ def test_symlinks_survive_the_zip(built: dict, bundle: Path) -> None:
 
 
 def test_glibc_floor_is_measured_and_within_limit(built: dict, bundle: Path) -> None:
-    floor = build.glibc_floor(bundle)
+    floor = glibc_floor(bundle)
     assert floor["elf_files"] > 10
     assert floor["glibc"] == built["glibc_floor"]["glibc"]
-    assert build.version_tuple(floor["glibc"]) <= build.version_tuple(build.DEFAULT_MAX_GLIBC)
+    assert version_tuple(floor["glibc"]) <= version_tuple(DEFAULT_MAX_GLIBC)
 
 
 def test_moved_bundle_answers_json_lines(bundle: Path) -> None:
@@ -223,14 +210,11 @@ def test_refuses_a_missing_model_file(bundle: Path, tmp_path: Path) -> None:
 def test_refuses_a_cpu_without_sse3(bundle: Path) -> None:
     """Below the legacy stack's floor (an early Athlon 64): one line, exit 3, no SIGILL.
     CPUs below x86-64-v2 with SSE3 are served: tests/test_matrix.py (Conroe)."""
-    sys.path.insert(0, str(REPO / "tests"))
-    import emulation
-
     try:
-        emulation.ensure_qemu()
-        done = emulation.run_emulated([str(bundle / "decide")], "x86_64", "Opteron_G1,pni=off",
+        qemu_user.ensure_qemu()
+        done = qemu_user.run_emulated([str(bundle / "decide")], "x86_64", "Opteron_G1,pni=off",
                                       input='{"id": 1, "text": "hello"}\n', timeout=600)
-    except emulation.EmulationUnavailable as exc:
+    except qemu_user.EmulationUnavailable as exc:
         pytest.skip(f"cannot emulate an old CPU here: {exc}")
     assert done.returncode == EXIT_CPU_UNSUPPORTED, done.stderr
     assert done.stdout == ""
@@ -241,16 +225,16 @@ def test_refuses_a_cpu_without_sse3(bundle: Path) -> None:
 @pytest.fixture(scope="session")
 def clean_bullseye() -> Path:
     """A minimal Debian 11 root (glibc 2.31) without any build tools, cached between runs."""
-    root = build.BuildRoot(build.DEFAULT_CACHE / "x86_64" / "clean-bullseye", build.ARCHES["x86_64"])
+    root = BuildRoot(DEFAULT_CACHE / "x86_64" / "clean-bullseye", ARCHES["x86_64"])
     try:
-        build.ensure_clean_root(root, build.host_debian_mirrors()[0], REPO / "build" / "test-root.log")
-    except (build.BuildError, build.Refused) as exc:
+        ensure_clean_root(root, host_debian_mirrors()[0], REPO / "build" / "test-root.log")
+    except (BuildError, Refused) as exc:
         pytest.skip(f"cannot debootstrap a Debian 11 root here: {exc}")
     return root.path
 
 
 def test_runs_in_a_clean_debian_11_root(bundle: Path, clean_bullseye: Path) -> None:
-    root = build.BuildRoot(clean_bullseye, build.ARCHES["x86_64"])
+    root = BuildRoot(clean_bullseye, ARCHES["x86_64"])
     inside = clean_bullseye / "opt" / "decide"
     shutil.rmtree(inside, ignore_errors=True)
     shutil.copytree(bundle, inside, symlinks=True)
@@ -258,10 +242,10 @@ def test_runs_in_a_clean_debian_11_root(bundle: Path, clean_bullseye: Path) -> N
     try:
         with root.mounted():
             selftest = subprocess.run(["chroot", str(clean_bullseye), "/opt/decide/decide", "selftest"],
-                                      capture_output=True, text=True, env=build.CHROOT_ENV, timeout=300, check=False)
+                                      capture_output=True, text=True, env=CHROOT_ENV, timeout=300, check=False)
             answer = subprocess.run(["chroot", str(clean_bullseye), "/opt/decide/decide"],
                                     input=json.dumps({"id": 7, "text": example["text"]}) + "\n",
-                                    capture_output=True, text=True, env=build.CHROOT_ENV, timeout=300, check=False)
+                                    capture_output=True, text=True, env=CHROOT_ENV, timeout=300, check=False)
     finally:
         shutil.rmtree(inside, ignore_errors=True)
     glibc = (clean_bullseye / "usr" / "lib" / "x86_64-linux-gnu").glob("libc-2.*.so")

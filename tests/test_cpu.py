@@ -195,16 +195,18 @@ def test_leaf7_read_when_the_cpu_has_it():
 @pytest.mark.parametrize("model", ["Conroe,level=2"])
 def test_emulated_cpu_with_low_basic_leaf_gets_no_leaf7_flags(model: str):
     """qemu answers leaf 7 like Intel when `level` is below 7: py-cpuinfo alone reads pku/umip."""
-    emulation = pytest.importorskip("emulation")
+    from bundle_spec import qemu_user
+
     try:
-        emulation.ensure_qemu(install=False)
-    except emulation.EmulationUnavailable as exc:
+        qemu_user.ensure_qemu(install=False)
+    except qemu_user.EmulationUnavailable as exc:
         pytest.skip(str(exc))
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from cpuinfo import cpuinfo; "
+    code = ("import json; from cpuinfo import cpuinfo; "
             "from runtime.cpu import probe; c = cpuinfo.CPUID(); "
             "print(json.dumps([sorted(probe().flags), c.get_flags(c.get_max_extension_support())]))")
-    done = emulation.run_emulated([str(Path(sys.executable).resolve()), "-c", code, str(REPO)],
-                                  "x86_64", model, env={"DECIDE_FAKE_CPU": "", "PATH": "/usr/bin:/bin"},
+    # `python -c` imports from its working directory: the repository's runtime/.
+    done = qemu_user.run_emulated([str(Path(sys.executable).resolve()), "-c", code], "x86_64", model,
+                                  workdir=REPO, env={"DECIDE_FAKE_CPU": "", "PATH": "/usr/bin:/bin"},
                                   timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     probed, raw = json.loads(done.stdout.strip().splitlines()[-1])

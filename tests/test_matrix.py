@@ -2,11 +2,10 @@
 
 CI runs a subset (the 45-minute budget is shared): one old x86 (Nehalem, the x86-64-v2 floor),
 one x86 below v2 (Conroe: served on the legacy numpy 1.26 stack, never SIGILL) and one ARM64
-(cortex-a53, no dotprod). DECIDE_MATRIX=full runs every model; `python3 benchmarks/matrix.py`
-prints the whole table. x86 cells skip with the reason when the zip has not been built. The
-aarch64 zip is built here when it is missing or stale and the arm64 root exists
-(bundle_spec/aarch64/make_root.sh); it is kept per inputs digest in ~/.cache/decide-build/bundles,
-so a second run of the same commit reuses it.
+(cortex-a53, no dotprod). DECIDE_MATRIX=full runs every model; `python3 benchmarks/matrix.py
+--arch all --fresh` prints the whole table. Both zips are the ones built from the tree under test
+(bundle_spec.matrix.zip_for_tree), built here when missing; without root or qemu the cells skip
+with the reason, and fail under DECIDE_STRICT=1 (CI).
 """
 
 from __future__ import annotations
@@ -14,11 +13,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import emulation
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-MODEL_DIR = REPO / "models" / "topics-multilingual"
+from bundle_spec import matrix as emulation
+from bundle_spec import qemu_user
+from zips import zip_of_this_tree
+
+pytestmark = pytest.mark.heavy
 
 CI_CELLS = [("x86_64", "Nehalem"), ("x86_64", "Conroe"), ("aarch64", "cortex-a53")]
 FULL = os.environ.get("DECIDE_MATRIX") == "full"
@@ -44,23 +45,10 @@ def bundle_for(arch: str) -> emulation.Bundle:
     if arch in _BUNDLES:
         return _BUNDLES[arch]
     try:
-        emulation.ensure_qemu()
-    except emulation.EmulationUnavailable as exc:
+        qemu_user.ensure_qemu()
+    except qemu_user.EmulationUnavailable as exc:
         pytest.skip(str(exc))
-    if arch == "aarch64":
-        if not (MODEL_DIR / "manifest.json").is_file():
-            pytest.skip(f"{MODEL_DIR} is not built yet (the bundle embeds it)")
-        try:
-            zip_path = emulation.zip_for_current_inputs(arch, MODEL_DIR,
-                                                        REPO / "build" / "test-build-aarch64.log")
-        except emulation.BundleUnavailable as exc:
-            pytest.skip(str(exc))
-        if not (emulation.ARM_LIBC_ROOT / "lib").exists():  # qemu takes glibc from there
-            pytest.skip(f"no arm64 root at {emulation.ARM_LIBC_ROOT}: run bundle_spec/aarch64/make_root.sh")
-    else:
-        zip_path = emulation.find_zip(arch)
-        if zip_path is None:
-            pytest.skip(f"no dist/decide-*-linux-{arch}.zip: run `python build.py` first")
+    zip_path = zip_of_this_tree(arch)
     _BUNDLES[arch] = emulation.unpack_bundle(zip_path, arch)
     return _BUNDLES[arch]
 

@@ -24,14 +24,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import emulation
 import numpy as np
 import pytest
 
+from bundle_spec import qemu_user
 from runtime.stack import ENV_LEGACY_PATH, LEGACY_NUMPY
 
 CACHE = Path.home() / ".cache" / "decide-build" / "legacy"
 REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.heavy
 FULL = os.environ.get("DECIDE_MATRIX") == "full"
 BELOW_V2 = ["Conroe", "Penryn"] if FULL else ["Conroe"]
 
@@ -99,13 +100,13 @@ def run_python(cpu: str, paths: list[Path], args: list[str], extra_env: dict[str
                stdin: str | None = None) -> subprocess.CompletedProcess:
     """Run Python with only `paths` importable (-S: no site-packages) on an emulated x86 CPU."""
     try:
-        emulation.ensure_qemu()
-    except emulation.EmulationUnavailable as exc:
+        qemu_user.ensure_qemu()
+    except qemu_user.EmulationUnavailable as exc:
         pytest.skip(str(exc))
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(str(p) for p in paths), **(extra_env or {})}
     # The resolved interpreter: a wrapper script (pyenv shim) would exec it natively.
     argv = [str(Path(sys.executable).resolve()), "-S", *args]
-    return emulation.run_emulated(argv, "x86_64", cpu, env=env, input=stdin, timeout=900)
+    return qemu_user.run_emulated(argv, "x86_64", cpu, env=env, input=stdin, timeout=900)
 
 
 def run_stack(cpu: str, paths: list[Path], model: Path, x: np.ndarray) -> subprocess.CompletedProcess:
@@ -140,7 +141,7 @@ def test_pinned_numpy_2_cannot_run_below_v2(cpu: str, signature: str, model_dir)
     done = run_stack(cpu, [pinned_site_packages()], model, x)
     assert done.returncode != 0
     if signature == "sigill":
-        assert done.returncode == emulation.SIGILL_EXIT
+        assert done.returncode == qemu_user.SIGILL_EXIT
     else:
         assert "X86_V2" in done.stderr
 

@@ -1,7 +1,7 @@
 """The emulation harness really emulates, also for a frozen (PyInstaller) program.
 
 A throwaway onedir binary prints the CPU flags it sees (CPUID on x86). Run under each emulated
-x86 model through tests/emulation.py, the flags must be the model's, not the host's — proof that
+x86 model through bundle_spec/qemu_user.py, the flags must be the model's, not the host's — proof that
 the bootloader's re-exec no longer escapes qemu. The binary is cached by source hash in
 ~/.cache/decide/matrix-probe (PyInstaller takes ~30 s on 2 cores).
 """
@@ -15,8 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import emulation
 import pytest
+
+from bundle_spec import elf, qemu_user
+from bundle_spec import matrix as emulation
+from zips import zip_of_this_tree
 
 PROBE_SOURCE = '''\
 """Print the CPU flags this process sees, as JSON (CPUID on x86, getauxval on arm64)."""
@@ -33,6 +36,7 @@ else:
 print(json.dumps({"machine": machine, "flags": flags}))
 '''
 
+pytestmark = pytest.mark.heavy
 CACHE = Path.home() / ".cache" / "decide" / "matrix-probe"
 
 # What each model must show (present) and must not show (absent): the steps between tiers.
@@ -69,18 +73,18 @@ def probe_binary() -> Path:
     """The frozen probe (x86_64), or skip when PyInstaller or emulation is not available."""
     pytest.importorskip("PyInstaller")
     try:
-        emulation.ensure_qemu()
-    except emulation.EmulationUnavailable as exc:
+        qemu_user.ensure_qemu()
+    except qemu_user.EmulationUnavailable as exc:
         pytest.skip(str(exc))
     binary = build_probe_binary()
-    info = emulation.read_elf_info(binary)
-    assert info is not None and info.elf_type == emulation.ET_EXEC, "bootloader must be ET_EXEC"
+    info = elf.read_elf_info(binary)
+    assert info is not None and info.elf_type == elf.ET_EXEC, "bootloader must be ET_EXEC"
     return binary
 
 
 def run_probe(binary: Path, cpu: str) -> dict:
     """Run the frozen probe on an emulated x86 CPU and parse its JSON line."""
-    done = emulation.run_emulated([str(binary)], "x86_64", cpu, timeout=300)
+    done = qemu_user.run_emulated([str(binary)], "x86_64", cpu, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -106,17 +110,16 @@ def test_plain_qemu_alone_is_escaped_by_the_bootloader(probe_binary: Path) -> No
     if "sse4_2" not in host:
         pytest.skip("host CPU is as old as Conroe: escape cannot be told apart")
     done = subprocess.run(
-        [str(emulation.QEMU_BINARIES["x86_64"]), "-cpu", "Conroe", str(probe_binary)],
+        [str(qemu_user.QEMU_BINARIES["x86_64"]), "-cpu", "Conroe", str(probe_binary)],
         capture_output=True, text=True, timeout=300, check=True,
     )
     assert json.loads(done.stdout.strip().splitlines()[-1])["flags"] == host
 
 
-# ARM64: the same probe frozen inside the arm64 build root (bundle_spec/aarch64/make_root.sh),
-# then run with each QEMU_CPU model. HWCAP bits: asimd 1<<1, asimddp 1<<20, sve 1<<22;
-# HWCAP2: i8mm 1<<13, bf16 1<<14.
-ARM_ROOT = emulation.ARM_LIBC_ROOT
-ARM_PYTHON = "/opt/py311/bin/python3"
+# ARM64: the same probe frozen inside the arm64 build root (the one the aarch64 zip of this tree
+# was built in), then run with each QEMU_CPU model. HWCAP bits: asimd 1<<1, asimddp 1<<20,
+# sve 1<<22; HWCAP2: i8mm 1<<13, bf16 1<<14.
+ARM_PYTHON = "/build/venv/bin/python"  # the build venv: PyInstaller is there
 ARM_EXPECTED: dict[str, tuple[dict[str, bool], dict[str, bool]]] = {
     "cortex-a53": ({"asimd": True, "asimddp": False, "sve": False}, {"i8mm": False}),
     "cortex-a72": ({"asimd": True, "asimddp": False, "sve": False}, {"i8mm": False}),
@@ -128,35 +131,39 @@ HWCAP2_BITS = {"i8mm": 1 << 13, "bf16": 1 << 14}
 
 
 @pytest.fixture(scope="module")
-def arm_probe_binary() -> str:
+def arm_root() -> Path:
+    """The arm64 build root of this tree's aarch64 zip (made by building that zip if need be)."""
+    return emulation.arm_libc_root(zip_of_this_tree("aarch64"))
+
+
+@pytest.fixture(scope="module")
+def arm_probe_binary(arm_root: Path) -> str:
     """The probe frozen by PyInstaller inside the arm64 root (path inside the root)."""
-    if not (ARM_ROOT / ARM_PYTHON.lstrip("/")).exists():
-        pytest.skip(f"no arm64 build root at {ARM_ROOT}: run bundle_spec/aarch64/make_root.sh")
     try:
-        emulation.ensure_qemu()
-    except emulation.EmulationUnavailable as exc:
+        qemu_user.ensure_qemu()
+    except qemu_user.EmulationUnavailable as exc:
         pytest.skip(str(exc))
     digest = hashlib.sha256(PROBE_SOURCE.encode()).hexdigest()[:12]
     work = f"/build/matrix-probe/{digest}"
     binary = f"{work}/dist/cpuprobe/cpuprobe"
-    if not (ARM_ROOT / binary.lstrip("/")).is_file():
-        host_work = ARM_ROOT / work.lstrip("/")
+    if not (arm_root / binary.lstrip("/")).is_file():
+        host_work = arm_root / work.lstrip("/")
         shutil.rmtree(host_work, ignore_errors=True)
         host_work.mkdir(parents=True)
         (host_work / "cpuprobe.py").write_text(PROBE_SOURCE)
-        done = emulation.run_emulated(
+        done = qemu_user.run_emulated(
             [ARM_PYTHON, "-m", "PyInstaller", "--onedir", "--noconfirm", "--log-level=WARN",
              "--distpath", "dist", "--workpath", "build", "--specpath", ".", "cpuprobe.py"],
-            "aarch64", "cortex-a72", root=ARM_ROOT, workdir=Path(work), timeout=1800,
+            "aarch64", "cortex-a72", root=arm_root, workdir=Path(work), timeout=1800,
         )
         assert done.returncode == 0, done.stderr[-3000:]
     return binary
 
 
 @pytest.mark.parametrize("model", list(ARM_EXPECTED))
-def test_frozen_probe_sees_the_emulated_arm_model(arm_probe_binary: str, model: str) -> None:
-    done = emulation.run_emulated([arm_probe_binary], "aarch64", emulation.ARM_CPU_MODELS[model],
-                                  root=ARM_ROOT, timeout=600)
+def test_frozen_probe_sees_the_emulated_arm_model(arm_root: Path, arm_probe_binary: str, model: str) -> None:
+    done = qemu_user.run_emulated([arm_probe_binary], "aarch64", emulation.ARM_CPU_MODELS[model],
+                                  root=arm_root, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["machine"] == "aarch64"

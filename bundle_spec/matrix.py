@@ -1,39 +1,27 @@
-"""The CPU matrix of the frozen decide bundle: CPU models, one cell = one model, the table.
+"""The frozen bundle on emulated CPU models: the models, one cell per model, the table, and the
+zip of the tree under test.
 
-The runner itself (private binfmt_misc in a user namespace, qemu-user >= 10) lives in
-bundle_spec/qemu_user.py, shared with build.py's aarch64 build; its names are re-exported here
-for the tests. `python3 tests/emulation.py run|install ...` is that module's CLI.
+Used by the tests (tests/test_matrix.py, tests/test_bundle*.py) and benchmarks/matrix.py; the
+runner (private binfmt_misc in a user namespace, qemu-user >= 10) is bundle_spec/qemu_user.py.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # bundle_spec/ is importable from the repository root
-
-from bundle_spec import qemu_user
-from bundle_spec.qemu_user import (  # noqa: F401  (re-exported for the tests)
-    ET_DYN,
-    ET_EXEC,
-    QEMU_BINARIES,
-    SIGILL_EXIT,
-    ElfInfo,
-    EmulationUnavailable,
-    emulated_command,
-    ensure_qemu,
-    qemu_version,
-    read_elf_info,
-    run_emulated,
-)
+from bundle_spec.common import DEFAULT_CACHE, REPO
+from bundle_spec.pipeline import zip_stem
+from bundle_spec.qemu_user import SIGILL_EXIT, run_emulated
+from bundle_spec.source_tree import git_commit, inputs_digest
+from runtime.package import sha256_file
 
 # CPU models of the matrix, oldest first. Values are QEMU_CPU strings.
 X86_CPU_MODELS: dict[str, str] = {
@@ -55,10 +43,8 @@ ARM_CPU_MODELS: dict[str, str] = {
 # ---------------------------------------------------------------------------------------------
 # Matrix cells: the frozen decide bundle on one emulated CPU.
 
-DIST = REPO / "dist"
 UNPACK_CACHE = Path.home() / ".cache" / "decide" / "matrix"
 KEEP_UNPACKED = 3  # per zip name: ~140 MB each
-ARM_LIBC_ROOT = Path.home() / ".cache" / "decide-build" / "aarch64" / "root"
 EMULATED_TIMEOUT = 1800  # s per command: ORT session creation alone is slow under TCG
 # Flags shown in the table: the ones the tiers turn on.
 TABLE_FLAGS = {
@@ -77,6 +63,7 @@ class Bundle:
     zip_path: Path
     executable: Path
     model_dir: Path
+    libc_root: Path | None  # aarch64: the arm64 root whose glibc qemu loads (QEMU_LD_PREFIX)
 
 
 @dataclass
@@ -101,65 +88,61 @@ class CellResult:
         return not self.problems
 
 
-def find_zip(arch: str) -> Path | None:
-    """The newest dist/decide-*-linux-<arch>.zip, or $DECIDE_ZIP_<ARCH> if set."""
-    override = os.environ.get(f"DECIDE_ZIP_{arch.upper()}")
-    if override:
-        return Path(override)
-    zips = sorted(DIST.glob(f"decide-*-linux-{arch}.zip"), key=lambda p: p.stat().st_mtime)
-    return zips[-1] if zips else None
-
-
-BUILT_ZIPS = Path.home() / ".cache" / "decide-build" / "bundles"  # survives fresh clones
-
-
 class BundleUnavailable(RuntimeError):
-    """No zip for the current inputs, and it cannot be built here (tests skip with this)."""
+    """No zip of the tree under test, and it cannot be built here (tests skip or, strict, fail)."""
 
 
-def zip_for_current_inputs(arch: str, model_dir: Path, build_log: Path) -> Path:
-    """The zip built from exactly the current inputs, building it when there is none.
+def matching_zip(folder: Path, arch: str, commit: str, digest: str) -> Path | None:
+    """The zip in `folder` whose build manifest names this commit and inputs digest, intact."""
+    manifest_path = folder / f"{zip_stem(arch)}.json"
+    if not manifest_path.is_file():
+        return None
+    manifest = json.loads(manifest_path.read_text())
+    zip_path = folder / manifest.get("zip", "")
+    if (manifest.get("commit") != commit or manifest.get("inputs_digest") != digest
+            or not zip_path.is_file() or sha256_file(zip_path) != manifest.get("zip_sha256")):
+        return None
+    return zip_path
 
-    Looked for in order: $DECIDE_ZIP_<ARCH>, dist/, then ~/.cache/decide-build/bundles/<arch>-
-    <inputs digest>/ — the folder build.py writes to when called from here, so a second test run
-    of the same inputs reuses the zip, also from a fresh clone. "Current" is build.py's
-    inputs_digest (build.py, requirements, bundle_spec/, runtime/, platforms/, the model
-    manifest). Raises BundleUnavailable when building is impossible here (no root privileges,
-    no arm64 root), RuntimeError when build.py fails.
+
+def zip_for_tree(arch: str, model_dir: Path, build_log: Path, rebuild: bool = False) -> Path:
+    """The zip built from the tree under test: this commit (`<sha>+dirty` for a dirty tree) and
+    these inputs (source_tree.inputs_digest), never merely the newest zip in dist/.
+
+    Looked for in dist/ (a `python3 build.py` of this tree) and in <build cache>/bundles/<arch>-
+    <commit>-<digest>/, where it is built (`build.py --no-smoke`: the matrix cells run selftest
+    on the emulated CPUs anyway) when neither has it, or always with `rebuild` (cached roots and
+    wheels: only PyInstaller, assemble and zip run again). Raises BundleUnavailable when building is impossible here (not
+    root), RuntimeError when build.py fails.
     """
-    override = os.environ.get(f"DECIDE_ZIP_{arch.upper()}")
-    if override:
-        return Path(override)
-    from build_module import load_build_module  # tests/ is on sys.path wherever this is imported
-
-    build = load_build_module()
-    digest = build.inputs_digest(model_dir)
-    out = BUILT_ZIPS / f"{arch}-{digest[:16]}"
-    for folder in (DIST, out):
-        manifest_path = folder / f"decide-{build.VERSION}-linux-{arch}.json"
-        if manifest_path.is_file():
-            manifest = json.loads(manifest_path.read_text())
-            if manifest.get("inputs_digest") == digest and (folder / manifest["zip"]).is_file():
-                return folder / manifest["zip"]
+    commit, digest = git_commit(), inputs_digest(model_dir)
+    out = DEFAULT_CACHE / "bundles" / f"{arch}-{commit.replace('+', '-')[:18]}-{digest[:12]}"
+    if not rebuild:
+        for folder in (REPO / "dist", out):
+            found = matching_zip(folder, arch, commit, digest)
+            if found is not None:
+                return found
     if os.geteuid() != 0:
-        raise BundleUnavailable(f"no {arch} zip for the current inputs, and building one needs root")
-    if arch == "aarch64":
-        missing = [s for s in build.ARM64_ROOT_STEPS if not (ARM_LIBC_ROOT.parent / f"done.{s}").exists()]
-        if missing:
-            raise BundleUnavailable(
-                f"no aarch64 zip for the current inputs and no finished arm64 root at {ARM_LIBC_ROOT} "
-                f"(missing steps: {', '.join(missing)}): `python3 build.py --arch aarch64` makes "
-                "both (about 1.5 h the first time)")
+        raise BundleUnavailable(f"no {arch} zip of this tree ({commit}), and building one needs root")
     build_log.parent.mkdir(parents=True, exist_ok=True)
     with open(build_log, "w", encoding="utf-8") as log:
-        # --no-smoke: the matrix cell runs selftest on the emulated CPU anyway (saves ~1 min of qemu).
         done = subprocess.run([sys.executable, str(REPO / "build.py"), "--arch", arch, "--model",
                                str(model_dir), "--dist", str(out), "--no-smoke"], cwd=REPO,
                               stdout=log, stderr=subprocess.STDOUT, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"build.py --arch {arch} failed (exit {done.returncode}):\n"
                            f"{build_log.read_text()[-4000:]}")
-    return out / f"decide-{build.VERSION}-linux-{arch}.zip"
+    return out / f"{zip_stem(arch)}.zip"
+
+
+def arm_libc_root(zip_path: Path) -> Path:
+    """The arm64 root an aarch64 zip was built in (its glibc runs the app under qemu)."""
+    manifest_path = zip_path.with_suffix(".json")
+    if manifest_path.is_file():
+        recorded = json.loads(manifest_path.read_text()).get("build_root")
+        if recorded and (Path(recorded) / "lib").exists():
+            return Path(recorded)
+    return DEFAULT_CACHE / "aarch64" / "root"
 
 
 def unpack_bundle(zip_path: Path, arch: str) -> Bundle:
@@ -170,7 +153,7 @@ def unpack_bundle(zip_path: Path, arch: str) -> Bundle:
     checksum = zip_path.with_name(zip_path.name + ".sha256")
     if checksum.exists():
         expected = checksum.read_text().split()[0]
-        digest = hashlib.sha256(zip_path.read_bytes()).hexdigest()
+        digest = sha256_file(zip_path)
         if digest != expected:
             raise FileNotFoundError(f"{zip_path}: sha256 differs from {checksum.name} "
                                     "(still being written, or stale)")
@@ -195,7 +178,7 @@ def unpack_bundle(zip_path: Path, arch: str) -> Bundle:
     )
     if not launchers or not manifests:
         raise FileNotFoundError(f"{zip_path}: no `decide` launcher or model with golden.jsonl inside")
-    return Bundle(arch, zip_path, launchers[0], manifests[0].parent)
+    return Bundle(arch, zip_path, launchers[0], manifests[0].parent, arm_libc_root(zip_path) if arch == "aarch64" else None)
 
 
 def golden_requests(model_dir: Path, count: int) -> tuple[list[str], list[list[float]], list[str]]:
@@ -232,10 +215,8 @@ def run_cell(bundle: Bundle, cpu_name: str, requests: int = 4, emulate: bool = T
 
     `variant` forces a model variant (DECIDE_VARIANT) instead of the tier's choice.
     """
-    import time
-
     models = X86_CPU_MODELS if bundle.arch == "x86_64" else ARM_CPU_MODELS
-    ld_prefix = ARM_LIBC_ROOT if bundle.arch == "aarch64" else None
+    ld_prefix = bundle.libc_root
     env = {**os.environ, **({"DECIDE_VARIANT": variant} if variant else {})}
 
     def run(args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -323,7 +304,3 @@ def format_table(cells: Sequence[CellResult]) -> str:
     for r in rows:
         out.append("  ".join(str(v).ljust(w) for v, w in zip(r, widths)) + "  " + str(r[-1]))
     return "\n".join(out)
-
-
-if __name__ == "__main__":
-    sys.exit(qemu_user.main())

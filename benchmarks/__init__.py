@@ -1,0 +1,1 @@
+"""Measuring scripts (`python3 benchmarks/<name>.py`, with the project installed: README)."""

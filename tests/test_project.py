@@ -1,0 +1,50 @@
+"""The checkout as a Python project: the `decide` console script, and imports without sys.path edits."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PROJECT = "decide-classifier"
+
+
+def python_sources() -> list[Path]:
+    """Every Python file of the checkout (not build outputs)."""
+    return [p for p in REPO.rglob("*.py")
+            if not {"build", "dist", ".git", "__pycache__"} & set(p.relative_to(REPO).parts)]
+
+
+def test_the_decide_console_script_is_the_cli() -> None:
+    try:
+        distribution = metadata.distribution(PROJECT)
+    except metadata.PackageNotFoundError:
+        pytest.skip(f"{PROJECT} is not installed here: python3 -m pip install -e '.[dev]'")
+    (script,) = [e for e in distribution.entry_points if e.group == "console_scripts" and e.name == "decide"]
+    assert script.value == "runtime.cli:main"
+    from runtime import cli
+
+    assert script.load() is cli.main
+    done = subprocess.run([sys.executable, "-c", "from runtime.cli import main; raise SystemExit(main(['--help']))"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and "usage" in done.stdout.lower()
+
+
+def test_only_the_legacy_stack_edits_sys_path() -> None:
+    """Tests and tools import the installed packages; runtime/stack.py's insert is the feature that
+    puts numpy 1.26 first for CPUs below x86-64-v2."""
+    editing = sorted(str(p.relative_to(REPO)) for p in python_sources()
+                     if re.search(r"^\s*sys\.path\.(insert|append)\(", p.read_text(encoding="utf-8"), re.MULTILINE))
+    assert editing == ["runtime/stack.py"]
+
+
+def test_no_module_outside_tests_imports_from_tests() -> None:
+    importing = sorted(str(p.relative_to(REPO)) for p in python_sources()
+                       if p.relative_to(REPO).parts[0] != "tests"
+                       and re.search(r"^\s*(from|import) tests\b|/ \"tests\"", p.read_text(encoding="utf-8"), re.MULTILINE))
+    assert importing == []

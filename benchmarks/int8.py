@@ -26,18 +26,15 @@ import asyncio
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from runtime.package import load_package  # noqa: E402
+from runtime.package import load_package
 
 DEFAULT_MODEL = REPO / "models" / "topics-multilingual"
 SHORT_TOKENS = 16
@@ -90,7 +87,7 @@ def determinism(model: Path, count: int) -> None:
 
 
 async def _socket_run(where: str, texts: list[str], others: list[str], clients: int) -> list[dict]:
-    from load import client, open_connection  # benchmarks/load.py
+    from benchmarks.load import client, open_connection
 
     import json
 
@@ -116,7 +113,7 @@ async def _socket_run(where: str, texts: list[str], others: list[str], clients: 
 
 
 def socket_check(model: Path, count: int, clients: int) -> None:
-    from load import request, start_server
+    from benchmarks.load import request, start_server
 
     from runtime.engine import Engine
 

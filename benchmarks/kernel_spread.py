@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from runtime.engine import Engine  # noqa: E402
-from runtime.package import load_package, read_golden  # noqa: E402
+from runtime.engine import Engine
+from runtime.package import load_package, read_golden
 
 
 def main() -> int:

@@ -38,7 +38,7 @@ from typing import Any
 from benchmarks.contenders import (WireSystem, WorkerSystem, process_tree_memory_kb, quiet_env,
                         worker_command)
 from runtime.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
-from runtime.bench import percentile
+from runtime.service import percentile
 from runtime.package import Package, load_package, read_golden, sha256_file
 
 REPO = Path(__file__).resolve().parent.parent
@@ -234,9 +234,9 @@ def summarise(segments: list[dict[str, Any]], batch: int) -> dict[str, Any]:
     cpu_per_item = [s["cpu_s"] * 1000 / (len(s["ms"]) * batch) for s in segments]
     return {
         "calls": len(pooled),
-        "p50_ms": round(percentile(pooled, 50), 3),
-        "p95_ms": round(percentile(pooled, 95), 3),
-        "p99_ms": round(percentile(pooled, 99), 3),
+        "p50_ms": round(percentile(pooled, 0.50), 3),
+        "p95_ms": round(percentile(pooled, 0.95), 3),
+        "p99_ms": round(percentile(pooled, 0.99), 3),
         "items_per_s": round(statistics.median(per_round), 1),
         "items_per_s_rounds": [round(x, 1) for x in per_round],
         "cpu_ms_per_item": round(statistics.median(cpu_per_item), 3),

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
-from runtime.bench import percentile  # the one nearest-rank percentile of the measuring code
+from runtime.service import percentile  # the one nearest-rank percentile of the measuring code
 
 REPO = Path(__file__).resolve().parent.parent
 REPO = Path(__file__).resolve().parent.parent
@@ -132,9 +132,9 @@ def summarize(m: Measurement) -> dict[str, Any]:
         "requests": len(ordered),
         "errors": m.errors,
         "throughput_rps": round(len(ordered) / m.seconds, 1),
-        "p50_ms": round(percentile(ordered, 50) * 1000, 2) if ordered else None,
-        "p95_ms": round(percentile(ordered, 95) * 1000, 2) if ordered else None,
-        "p99_ms": round(percentile(ordered, 99) * 1000, 2) if ordered else None,
+        "p50_ms": round(percentile(ordered, 0.50) * 1000, 2) if ordered else None,
+        "p95_ms": round(percentile(ordered, 0.95) * 1000, 2) if ordered else None,
+        "p99_ms": round(percentile(ordered, 0.99) * 1000, 2) if ordered else None,
         "mean_batch": round(sum(k * v for k, v in m.batches.items()) / batch_count, 2) if batch_count else None,
         "client_cpu_s": round(m.client_cpu_s, 2),
         # Server CPU per answered request: unlike req/s, barely moved by other processes on the box.

@@ -10,9 +10,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from runtime.protocol import DEFAULT_MAX_BATCH
 from runtime.text import bucket_for
 
-DEFAULT_MAX_BATCH = 32
 # Caps batch × length: ORT's arena grows to the largest batch and never shrinks, and long texts
 # gain nothing from batching (measured on topics-multilingual: ~45 CPU ms/text at 128 tokens for
 # batch 1 to 16), while short texts already reach their best per-text cost at 32 × 16 tokens.

@@ -16,6 +16,7 @@ from typing import Any
 
 from runtime.engine import Engine
 from runtime.package import read_golden
+from runtime.service import percentile
 from runtime.text import Encoded
 
 SHORT_TOKENS = 16
@@ -46,12 +47,6 @@ def bench_texts(engine: Engine) -> tuple[list[str], list[str]]:
     return short, long_texts
 
 
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile of already sorted values."""
-    index = min(len(sorted_values) - 1, max(0, round(q / 100 * len(sorted_values)) - 1))
-    return sorted_values[index]
-
-
 def measure(call: Callable[[int], None], batch_size: int, seconds: float, min_calls: int = 5) -> dict[str, float]:
     """Time call(i) repeatedly for about `seconds`; latency is per call (= per batch)."""
     latencies: list[float] = []
@@ -68,9 +63,9 @@ def measure(call: Callable[[int], None], batch_size: int, seconds: float, min_ca
     return {
         "batch": batch_size,
         "calls": len(latencies),
-        "p50_ms": round(percentile(ordered, 50), 3),
-        "p95_ms": round(percentile(ordered, 95), 3),
-        "p99_ms": round(percentile(ordered, 99), 3),
+        "p50_ms": round(percentile(ordered, 0.50), 3),
+        "p95_ms": round(percentile(ordered, 0.95), 3),
+        "p99_ms": round(percentile(ordered, 0.99), 3),
         "per_item_ms": round(statistics.median(latencies) / batch_size, 3),
         "items_per_s": round(len(latencies) * batch_size / total_s, 1),
         "cpu_ms_per_item": round(cpu_s * 1000 / (len(latencies) * batch_size), 3),

@@ -23,7 +23,7 @@ from runtime.appdir import DEFAULT_MODEL, find_data_dir
 from runtime.cpu import CpuFeatures, probe
 from runtime.framing import OutputFailed
 from runtime.package import Package, PackageError, load_package
-from runtime.protocol import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_TEXTS
+from runtime.protocol import DEFAULT_MAX_BATCH, DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_TEXTS
 from runtime.stack import LegacyStackMissing, NumericStack, activate, stack_for
 from runtime.tiers import (
     Choice,
@@ -37,7 +37,6 @@ from runtime.tiers import (
 )
 
 EXIT_OK = 0
-EXIT_INTERNAL = 1
 EXIT_USAGE = 2  # bad arguments, or an override this CPU/package cannot honour
 EXIT_CPU_UNSUPPORTED = 3
 EXIT_PACKAGE = 4  # model package missing, malformed, checksum mismatch, no usable variant
@@ -84,7 +83,7 @@ def build_parser(command: str) -> argparse.ArgumentParser:
                             help="longest request line accepted (default 1 MiB)")
         parser.add_argument("--max-texts", type=int, default=DEFAULT_MAX_TEXTS,
                             help="most texts in one {\"texts\": [...]} request")
-        parser.add_argument("--max-batch", type=int, default=32, help="most texts per model call")
+        parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, help="most texts per model call")
         parser.add_argument("--min-score", type=float, default=None, metavar="X",
                             help='abstain below this calibrated score: "label": null, "abstained": true, '
                                  "scores kept (default: never abstain; pick X from `python -m models "
@@ -155,7 +154,8 @@ def prepare(args: argparse.Namespace) -> Setup:
     return Setup(features, platform, choice, package, threads, stack)
 
 
-def load_engine(setup: Setup, args: argparse.Namespace, variant: str | None = None, max_batch: int = 32):
+def load_engine(setup: Setup, args: argparse.Namespace, variant: str | None = None,
+                max_batch: int = DEFAULT_MAX_BATCH):
     """Import the numeric stack (only now) and build the warmed engine."""
     from runtime.engine import Engine, EngineLimits, SessionSettings
 

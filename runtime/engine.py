@@ -179,7 +179,7 @@ class Engine:
         if len(items) == 1:
             # Batch-1 traffic (interactive use) skips the planner: one call at the text's own length.
             return [self._classification(self.run_padded(items, len(items[0].ids))[0], items[0])]
-        results: list[Classification | None] = [None] * len(items)
+        results: dict[int, Classification] = {}
         plan = plan_batches(
             [len(item.ids) for item in items], self.buckets, self.limits.max_batch, self.limits.max_batch_tokens
         )
@@ -191,7 +191,7 @@ class Engine:
             rows = self.run_padded(batch_items, length)
             for row, index in zip(rows, batch.indices):
                 results[index] = self._classification(row, items[index])
-        return [r for r in results if r is not None]
+        return [results[index] for index in range(len(items))]  # KeyError if the plan lost a text
 
     def _classification(self, probs: list[float], item: Encoded) -> Classification:
         best = max(range(len(probs)), key=probs.__getitem__)

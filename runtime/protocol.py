@@ -35,6 +35,7 @@ CONTROL_OPS = ("health", "info", "stats")
 
 DEFAULT_MAX_LINE_BYTES = 1 << 20
 DEFAULT_MAX_TEXTS = 256
+DEFAULT_MAX_BATCH = 32  # texts per model call (engine, stdio and socket share it)
 MAX_INT_DIGITS = 4300  # Python's own int/str conversion limit (sys.get_int_max_str_digits)
 
 # The one definition of a blank line (no answer): empty, or only the whitespace JSON itself

@@ -60,8 +60,8 @@ from runtime.listen import (
     check_tcp_host,
     parse_tcp_address,
 )
-from runtime.protocol import BUSY, INTERNAL_ERROR, ClassifyRequest, Limits, encode_line
-from runtime.service import Service, TransportHooks
+from runtime.protocol import BUSY, DEFAULT_MAX_BATCH, INTERNAL_ERROR, ClassifyRequest, Limits, encode_line
+from runtime.service import Service, TransportHooks, percentile
 
 if TYPE_CHECKING:  # the engine imports numpy; the server must be importable before the CPU check
     from runtime.engine import Engine
@@ -84,14 +84,6 @@ LATENCY_WINDOW = 10_000  # the stats op's percentiles cover the last this-many r
 
 # ---------------------------------------------------------------------------------------------
 # Stats: pure helpers plus the counters the event loop keeps.
-
-
-def percentile(sorted_values: Sequence[float], fraction: float) -> float | None:
-    """Nearest-rank percentile of already sorted values (None when empty)."""
-    if not sorted_values:
-        return None
-    rank = max(1, -(-int(round(fraction * 1000)) * len(sorted_values) // 1000))  # ceil(fraction·n)
-    return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
 def parse_proc_status(text: str) -> dict[str, float]:
@@ -218,7 +210,7 @@ class ServerConfig:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     queue_size: int = DEFAULT_QUEUE_SIZE
     batch_delay_ms: float = DEFAULT_BATCH_DELAY_MS
-    max_batch_texts: int = 32
+    max_batch_texts: int = DEFAULT_MAX_BATCH
     allow_remote: bool = False
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S  # 0 = never close idle connections
     queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S

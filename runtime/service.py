@@ -46,6 +46,14 @@ Triaged = Union[Response, ClassifyRequest, None]  # answered now / for the engin
 MAX_MESSAGE_CHARS = 300  # an exception's text in an internal_error message is cut to this
 
 
+def percentile(sorted_values: Sequence[float], fraction: float) -> float | None:
+    """Nearest-rank percentile of already sorted values (None when empty)."""
+    if not sorted_values:
+        return None
+    rank = max(1, -(-int(round(fraction * 1000)) * len(sorted_values) // 1000))  # ceil(fraction·n)
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
 @dataclass
 class Stats:
     """Counters reported by the stats op. Updated from the transport's thread and the engine's,

@@ -12,7 +12,8 @@ from runtime import sdnotify
 from runtime.protocol import ClassifyRequest
 from runtime.framing import LineSplitter, split_lines
 from runtime.listen import ListenError, check_socket_directory, is_loopback, parse_tcp_address
-from runtime.server import Pending, RequestQueue, parse_proc_status, percentile
+from runtime.server import Pending, RequestQueue, parse_proc_status
+from runtime.service import percentile
 
 
 def split_incrementally(chunks: list[bytes], limit: int) -> list:

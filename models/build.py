@@ -49,6 +49,10 @@ GOLDEN_FILE = "golden.jsonl"
 FP32_GOLDEN_TOLERANCE = 2e-3
 
 
+class ModelTooWeak(Exception):
+    """The trained model cannot be published: not even the golden set can be chosen."""
+
+
 @dataclass
 class Prepared:
     """Data and tokenizers of a recipe, before any training."""
@@ -473,6 +477,9 @@ def _publish_into(staging: Path, recipe: Recipe, prepared: Prepared, model: Text
                                count=3 * recipe.golden_count)
     golden_index, golden_dp = _stable_golden(candidates, test_seqs, y_test, reference_probs,
                                              {n: sessions[n] for n in published}, pad_id, recipe)
+    if not golden_index:
+        raise ModelTooWeak("no test example is classified right, with a clear margin, by every variant: the package "
+                           "could not verify itself (selftest). Train longer (no --quick) or add examples.")
     write_golden(staging, splits.test, reference_probs, golden_index)
 
     for name in paths:
@@ -490,7 +497,7 @@ def _publish_into(staging: Path, recipe: Recipe, prepared: Prepared, model: Text
             precision=precision,
             data_files=(file_entry(staging, SHARED_DATA_FILE),) if shared.exists() else (),
             weights_storage=("fp16" if precision == "fp32" else "int8")
-            + ("; word table int8 codes + fp16 block scales (shared)" if shared.exists() else ""),
+            + ("; word table 4-bit codes (two a byte) + fp16 block scales (shared)" if shared.exists() else ""),
             quantization=quantization,
             cpu_families=families,
             metrics=evaluated[name],

@@ -3,6 +3,7 @@
     python -m models train --data alarms.csv --out models/alarms      # your own model from a CSV/JSONL file
     python -m models train --data alarms.csv --quick --out /tmp/alarms  # a quick first model (minutes)
     python -m models evaluate --model models/alarms --data test.csv [--variant fp32] [--json]
+    python -m models import --from hf-folder [--data test.csv] --out models/alarms-hf   # a transformers classifier
     python -m models build machine-alarms          # a recipe from models/recipes/*.json
     python -m models fetch-data && python -m models build rt-sentiment-en   # the second built-in recipe
     python -m models report models/topics-multilingual   # Markdown tables of a package's metrics
@@ -76,6 +77,22 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import(args: argparse.Namespace) -> int:
+    from models.hf_import import read_hf_config
+
+    name = args.name or args.out.name
+    if not NAME_PATTERN.match(name):
+        raise UsageError(f"--name {name!r}: use letters, digits, '.', '_' or '-'")
+    _check_out_dir(args.out)
+    read_hf_config(args.hf_dir)  # fail fast on a folder it cannot take
+    if args.out.is_dir() and not any(args.out.iterdir()):
+        args.out.rmdir()
+    from models.hf_import import import_hf
+
+    import_hf(args.hf_dir, args.out, name, args.data, args.text_column, args.label_column)
+    return 0
+
+
 def _evaluate(args: argparse.Namespace) -> int:
     from models.evaluate import evaluate_package, format_evaluation
 
@@ -108,6 +125,14 @@ def run(argv: list[str] | None = None) -> int:
     train_cmd.add_argument("--settings", type=Path, help="JSON object overriding recipe settings "
                            "(keys of models/recipes/default.json; for experiments and tests)")
 
+    import_cmd = sub.add_parser("import", help="package a transformers *ForSequenceClassification folder")
+    import_cmd.add_argument("--from", dest="hf_dir", type=Path, required=True, help="save_pretrained folder")
+    import_cmd.add_argument("--data", type=Path, help="labelled CSV/JSONL to gate the int8 variants on (and calibrate)")
+    import_cmd.add_argument("--name", help="package name (default: the --out directory's name)")
+    import_cmd.add_argument("--out", type=Path, required=True)
+    import_cmd.add_argument("--text-column", default="text")
+    import_cmd.add_argument("--label-column", default="label")
+
     eval_cmd = sub.add_parser("evaluate", help="measure a package on a labelled CSV/JSONL file")
     eval_cmd.add_argument("--model", type=Path, required=True, help="package directory")
     eval_cmd.add_argument("--data", type=Path, required=True)
@@ -131,6 +156,8 @@ def run(argv: list[str] | None = None) -> int:
         return _train(args)
     if args.command == "evaluate":
         return _evaluate(args)
+    if args.command == "import":
+        return _import(args)
     if args.command == "fetch-data":
         from models.cache import cache_dir
 

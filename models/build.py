@@ -166,13 +166,20 @@ def _checkpoint_dir(recipe: Recipe) -> Path:
 _DERIVED = ("word_embedding.",)
 
 
+def _comparable(fingerprint: dict) -> dict:
+    """A fingerprint where a data file counts by its contents (sha256), not by where it lies."""
+    if fingerprint.get("dataset_sha256"):
+        return {k: v for k, v in fingerprint.items() if k != "dataset"}
+    return fingerprint
+
+
 def _load_cached(path: Path, recipe: Recipe, stage: str, model: torch.nn.Module) -> dict | None:
     """Reuse a cached checkpoint made by the same recipe settings (returns its training report)."""
     meta_path = path / f"{stage}.json"
     if not (meta_path.is_file() and (path / f"{stage}.pt").is_file()):
         return None
     meta = json.loads(meta_path.read_text())
-    if meta.get("fingerprint") != json.loads(json.dumps(recipe.fingerprint(stage))):
+    if _comparable(meta.get("fingerprint") or {}) != _comparable(json.loads(json.dumps(recipe.fingerprint(stage)))):
         return None
     state = {k: v for k, v in torch.load(path / f"{stage}.pt", weights_only=True).items()
              if not k.startswith(_DERIVED)}
@@ -308,16 +315,16 @@ def _golden_tolerance(measured: float, precision: str) -> float:
 GOLDEN_PADDINGS = (0, 16, 64, 128)  # extra pad tokens after the text: alone, and as in runtime buckets
 
 
-def _stable_golden(candidates: list[int], seqs: list[list[int]], y: np.ndarray, reference: np.ndarray,
-                   sessions: dict, pad_id: int, recipe: Recipe) -> tuple[list[int], dict[str, float]]:
+def stable_golden(candidates: list[int], seqs: list[list[int]], y: np.ndarray, reference: np.ndarray,
+                  sessions: dict, pad_id: int, count: int, max_length: int) -> tuple[list[int], dict[str, float]]:
     """Candidates every variant labels correctly alone and padded; the first golden_count, and max |Δp| per variant."""
     chosen: list[int] = []
     worst = {name: 0.0 for name in sessions}
     for index in candidates:
-        if len(chosen) == recipe.golden_count:
+        if len(chosen) == count:
             break
         seq = seqs[index]
-        widths = sorted({min(len(seq) + extra, recipe.max_length) for extra in GOLDEN_PADDINGS})
+        widths = sorted({min(len(seq) + extra, max_length) for extra in GOLDEN_PADDINGS})
         # golden probs are stored rounded to 7 digits: compare against what the file holds
         expected = np.round(reference[index], 7)
         runs = {name: [single_probs(s, seq, pad_id, w) for w in widths] for name, s in sessions.items()}
@@ -475,8 +482,9 @@ def _publish_into(staging: Path, recipe: Recipe, prepared: Prepared, model: Text
 
     candidates = select_golden(languages, y_test, reference_probs, {n: probs[n] for n in published},
                                count=3 * recipe.golden_count)
-    golden_index, golden_dp = _stable_golden(candidates, test_seqs, y_test, reference_probs,
-                                             {n: sessions[n] for n in published}, pad_id, recipe)
+    golden_index, golden_dp = stable_golden(candidates, test_seqs, y_test, reference_probs,
+                                            {n: sessions[n] for n in published}, pad_id, recipe.golden_count,
+                                            recipe.max_length)
     if not golden_index:
         raise ModelTooWeak("no test example is classified right, with a clear margin, by every variant: the package "
                            "could not verify itself (selftest). Train longer (no --quick) or add examples.")

@@ -224,6 +224,8 @@ def read_labelled_file(path: Path | str, text_column: str = "text", label_column
         seen.add(body)
         examples.append(Example(body, label, row.language or NO_LANGUAGE, row.group))
 
+    if not examples:
+        raise DataError(f"{path}: no usable rows ({', '.join(f'{n} {why}' for why, n in skipped.items())})")
     counts = Counter(e.label for e in examples)
     has_group = GROUP_COLUMN in columns
     if not for_training:

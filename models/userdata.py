@@ -255,13 +255,30 @@ def _units(examples: list[Example], by_group: bool = True) -> list[Example]:
     return units
 
 
+def _allocate(total: int, sizes: list[int], rng: random.Random) -> list[int]:
+    """Split `total` over strata proportionally to `sizes` (largest remainder, ties broken at random)."""
+    available = sum(sizes)
+    if not available or not total:
+        return [0] * len(sizes)
+    exact = [total * size / available for size in sizes]
+    counts = [min(int(e), size) for e, size in zip(exact, sizes)]
+    order = sorted(range(len(sizes)), key=lambda i: (-(exact[i] - int(exact[i])), rng.random()))
+    while sum(counts) < min(total, available):
+        for i in order:
+            if sum(counts) >= total:
+                break
+            if counts[i] < sizes[i]:
+                counts[i] += 1
+    return counts
+
+
 def split_examples(examples: list[Example], seed: int, val_share: float = VAL_SHARE,
                    test_share: float = TEST_SHARE) -> Splits:
     """Train/validation/test split, stratified per label and, within a label, per language.
 
-    Rows of one group go to the same split. Per label, the units (groups or single rows) are
-    shuffled within each language and then interleaved across languages, and every k-th one goes
-    to test/validation: each language gets its share, and every label with at least
+    Rows of one group go to the same split. Per label, the test and validation counts are shared
+    out over the languages in proportion to their units (groups or single rows; largest
+    remainder), so each language gets its share, and every label with at least
     MIN_EXAMPLES_PER_LABEL units gets at least one validation and one test unit.
     """
     members: dict[tuple[str, str], list[Example]] = defaultdict(list)
@@ -275,25 +292,19 @@ def split_examples(examples: list[Example], seed: int, val_share: float = VAL_SH
     train, val, test = [], [], []
     for label in sorted(by_label):
         per_language = by_label[label]
-        for language in sorted(per_language):
+        languages = sorted(per_language)
+        for language in languages:
             per_language[language].sort()
             rng.shuffle(per_language[language])
-        # round-robin over languages (in a shuffled order) so every split sees every language
-        order: list[tuple[str, str]] = []
-        languages = sorted(per_language)
-        rng.shuffle(languages)
-        depth = max(len(v) for v in per_language.values())
-        for i in range(depth):
-            order += [per_language[lang][i] for lang in languages if i < len(per_language[lang])]
-        n = len(order)
+        sizes = [len(per_language[lang]) for lang in languages]
+        n = sum(sizes)
         n_test = max(1, round(n * test_share)) if n >= MIN_EXAMPLES_PER_LABEL else 0
         n_val = max(1, round(n * val_share)) if n >= MIN_EXAMPLES_PER_LABEL else 0
-        # spread the held-out picks evenly along the interleaved order
-        held = {int(i * n / (n_test + n_val)) for i in range(n_test + n_val)} if n_test + n_val else set()
-        held_sorted = sorted(held)
-        test_keys = set(order[i] for i in held_sorted[0::2][:n_test])
-        val_keys = set(order[i] for i in held_sorted if order[i] not in test_keys)
-        for key in order:
-            target = test if key in test_keys else val if key in val_keys else train
-            target += members[key]
+        test_counts = _allocate(n_test, sizes, rng)
+        val_counts = _allocate(n_val, [s - t for s, t in zip(sizes, test_counts)], rng)
+        for language, n_t, n_v in zip(languages, test_counts, val_counts):
+            keys = per_language[language]
+            for position, key in enumerate(keys):
+                target = test if position < n_t else val if position < n_t + n_v else train
+                target += members[key]
     return Splits(train, val, test)

@@ -256,3 +256,16 @@ def test_evaluate_refuses_labels_the_model_does_not_have(tiny_package, tmp_path)
     other = write_csv(tmp_path / "other.csv", [["motor hot", "fire", "en"]])
     result = run_models("evaluate", "--model", str(out), "--data", str(other))
     assert result.returncode == 2 and "'fire'" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_split_gives_every_language_its_share(tmp_path):
+    # 20 languages × 14 texts per label (the machine-alarms shape): 10 % is 1–2 texts per language
+    languages = [f"l{i:02d}" for i in range(20)]
+    rows = [[f"{label} {lang} {i}", label, lang] for label in ("a", "b") for lang in languages for i in range(14)]
+    splits = split_examples(read_labelled_file(write_csv(tmp_path / "l.csv", rows)).examples, seed=13)
+    for name in ("val", "test"):
+        held = getattr(splits, name)
+        assert len(held) == 56
+        for label in ("a", "b"):
+            counts = [sum(1 for e in held if e.label == label and e.language == lang) for lang in languages]
+            assert min(counts) >= 1 and max(counts) <= 2, (name, label, counts)

@@ -73,7 +73,7 @@ def training_threads() -> int:
     return int(value) if value else max(1, min(4, len(os.sched_getaffinity(0))))
 
 
-def _versions(*packages: str) -> dict[str, str]:
+def tool_versions(*packages: str) -> dict[str, str]:
     return {p: metadata.version(p) for p in packages}
 
 
@@ -305,7 +305,7 @@ def zipped_bytes(paths: list[Path]) -> int:
     return buffer.tell()
 
 
-def _golden_tolerance(measured: float, precision: str) -> float:
+def golden_tolerance(measured: float, precision: str) -> float:
     if precision == "fp32":
         return FP32_GOLDEN_TOLERANCE
     # int8 kernels differ between CPU families (FACTS: up to 6e-4 for QInt8): margin on top
@@ -404,7 +404,7 @@ def publish(recipe: Recipe, prepared: Prepared, model: TextClassifier, steps: di
     staging = staging_dir(out_dir)
     try:
         manifest = _publish_into(staging, recipe, prepared, model, steps, started)
-        _swap_into(staging, out_dir)
+        swap_into(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -519,7 +519,7 @@ def _publish_into(staging: Path, recipe: Recipe, prepared: Prepared, model: Text
             quantization=quantization,
             cpu_families=families,
             metrics=evaluated[name],
-            golden_tolerance=_golden_tolerance(golden_dp[name], precision),
+            golden_tolerance=golden_tolerance(golden_dp[name], precision),
         )
         if precision == "fp32" and golden_dp[name] > FP32_GOLDEN_TOLERANCE:
             raise RuntimeError(f"fp32 variant differs from the FP32 reference by {golden_dp[name]:.2e} on the golden set")
@@ -562,7 +562,7 @@ def _publish_into(staging: Path, recipe: Recipe, prepared: Prepared, model: Text
         "golden_labels": golden_labels,
         "sizes": {"files_bytes": sum(p.stat().st_size for p in model_files),
                   "zip9_bytes": zipped_bytes(model_files)},
-        "tools": _versions("torch", "transformers", "onnx", "onnxruntime", "tokenizers", "numpy"),
+        "tools": tool_versions("torch", "transformers", "onnx", "onnxruntime", "tokenizers", "numpy"),
         "training_threads": training_threads(),
         "timings_seconds": timings,
         "build_seconds": round(time.monotonic() - started, 1),
@@ -588,7 +588,7 @@ def add_manifest_section(package_dir: Path, key: str, value: dict) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def _swap_into(staging: Path, out_dir: Path) -> None:
+def swap_into(staging: Path, out_dir: Path) -> None:
     """Make `staging` the package at `out_dir`: a rename when out_dir is new, else replace the old package.
 
     An existing out_dir must be a package (have a manifest.json) — the command line checks that

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import torch
 
-from models.build import (GOLDEN_FILE, TOKENIZER_FILE, _golden_tolerance, _swap_into, _versions,
+from models.build import (GOLDEN_FILE, TOKENIZER_FILE, golden_tolerance, swap_into, tool_versions,
                           add_manifest_section, staging_dir, stable_golden, zipped_bytes)
 from models.calibration import expected_calibration_error, fit_temperature, softmax_t
 from models.data import Example
@@ -197,7 +197,7 @@ def import_hf(hf_dir: Path, out_dir: Path, name: str, data_file: Path | None = N
                 weights_storage="fp32" if spec is None else "int8",
                 quantization=None if spec is None else spec.settings(),
                 cpu_families=FP32_CPU_FAMILIES if spec is None else spec.cpu_families,
-                metrics=evaluated[n], golden_tolerance=_golden_tolerance(golden_dp[n], precision))
+                metrics=evaluated[n], golden_tolerance=golden_tolerance(golden_dp[n], precision))
         files = [staging / paths[n].name for n in published]
         provenance = {
             "imported_from": {"dir": str(hf_dir), "architecture": config["architectures"][0],
@@ -207,7 +207,7 @@ def import_hf(hf_dir: Path, out_dir: Path, name: str, data_file: Path | None = N
             "data": data.provenance() if data is not None else None,
             "rejected_variants": rejected,
             "sizes": {"files_bytes": sum(p.stat().st_size for p in files), "zip9_bytes": zipped_bytes(files)},
-            "tools": _versions("torch", "transformers", "onnx", "onnxruntime", "tokenizers", "numpy"),
+            "tools": tool_versions("torch", "transformers", "onnx", "onnxruntime", "tokenizers", "numpy"),
             "build_seconds": round(time.monotonic() - started, 1),
         }
         manifest = Manifest(
@@ -224,7 +224,7 @@ def import_hf(hf_dir: Path, out_dir: Path, name: str, data_file: Path | None = N
                 "temperature": round(temperature, 4), "fitted_on": f"--data {Path(data_file).name}",
                 "ece_before": round(expected_calibration_error(probs["fp32"], y_true), 4),
                 "ece_after": round(expected_calibration_error(softmax_t(logits["fp32"], temperature), y_true), 4)})
-        _swap_into(staging, out_dir)
+        swap_into(staging, out_dir)
     except BaseException:
         import shutil
 

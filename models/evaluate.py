@@ -117,3 +117,135 @@ def select_golden(languages: list[str], true_labels: np.ndarray, reference_probs
             chosen.append(pick)
             label_counts[int(true_labels[pick])] = label_counts.get(int(true_labels[pick]), 0) + 1
     return chosen
+
+
+# ----------------------------------------------------------------------------- a package on a labelled file
+
+def _classify_probs(engine, texts: list[str], chunk: int = 64) -> np.ndarray:
+    """Probabilities from the runtime's own Engine (its tokenizer, buckets and batching)."""
+    rows: list[tuple[float, ...]] = []
+    progress = Progress(f"evaluate {engine.variant.name}", len(texts))
+    for start in range(0, len(texts), chunk):
+        batch = texts[start : start + chunk]
+        rows += [c.probs for c in engine.classify(batch)]
+        progress.advance(len(batch))
+    return np.array(rows, dtype=np.float64)
+
+
+def _engine_latency_ms(engine, texts: list[str], runs: int = 100) -> dict:
+    """Median / p90 wall time of Engine.classify on one text at a time (tokenizer included)."""
+    sample = [texts[i % len(texts)] for i in range(runs)]
+    for text in sample[:10]:
+        engine.classify([text])
+    times = []
+    for text in sample:
+        start = time.perf_counter()
+        engine.classify([text])
+        times.append((time.perf_counter() - start) * 1000)
+    return {"median_ms": round(float(np.median(times)), 3), "p90_ms": round(float(np.percentile(times, 90)), 3),
+            "runs": runs, "threads": engine.settings.threads, "includes": "tokenizer + session.run + softmax"}
+
+
+def evaluate_package(model_dir: Path, data_file: Path, variant: str | None = None, text_column: str = "text",
+                     label_column: str = "label", latency_runs: int = 100) -> dict:
+    """Metrics of a package's variants on a labelled CSV/JSONL file, measured through the runtime's code.
+
+    Per variant: accuracy, macro-F1, per-class recall, the most frequent confusions, a per-language
+    table when the file has a `lang` column, calibration (coverage and accuracy at score ≥ 0.5 /
+    0.7 / 0.9, ECE, and ECE after the manifest's temperature when it has one), agreement with
+    FP32, and batch-1 latency. Raises DataError / PackageError on bad input.
+    """
+    from models.calibration import coverage_table, expected_calibration_error, softmax_t
+    from models.metrics import classification_metrics, confusion_pairs, metrics_by_language
+    from models.userdata import DataError, read_labelled_file
+    from runtime.engine import Engine, SessionSettings
+    from runtime.package import MANIFEST_NAME, PackageError, load_package
+
+    package = load_package(model_dir)
+    manifest = package.manifest
+    names = [variant] if variant else list(manifest.variants)
+    if variant and variant not in manifest.variants:
+        raise PackageError(f"{model_dir}: no variant {variant!r} (variants: {', '.join(manifest.variants)})")
+    data = read_labelled_file(data_file, text_column, label_column, for_training=False)
+    index = {label: i for i, label in enumerate(manifest.labels)}
+    unknown = sorted({e.label for e in data.examples} - set(index))
+    if unknown:
+        raise DataError(f"{data_file}: column {label_column!r}: labels not in the model: {', '.join(map(repr, unknown))} "
+                        f"(the model's labels: {', '.join(manifest.labels)})")
+    import json
+
+    temperature = (json.loads((Path(model_dir) / MANIFEST_NAME).read_text(encoding="utf-8"))
+                   .get("calibration") or {}).get("temperature")
+    texts = [e.text for e in data.examples]
+    y_true = np.array([index[e.label] for e in data.examples], dtype=np.int64)
+    languages = [e.language for e in data.examples]
+    report: dict = {"model": manifest.name, "version": manifest.version, "data": str(data_file),
+                    "data_sha256": data.sha256, "examples": len(texts), "skipped": data.skipped,
+                    "labels": list(manifest.labels), "variants": {}}
+    fp32_pred = None
+    for name in names:
+        engine = Engine(package, name, SessionSettings(threads=1))
+        probs = _classify_probs(engine, texts)
+        pred = probs.argmax(1)
+        overall = classification_metrics(y_true, pred, manifest.labels)
+        result: dict = {
+            "accuracy": round(overall["accuracy"], 4), "macro_f1": round(overall["macro_f1"], 4),
+            "recall": {k: round(v, 4) for k, v in overall["recall"].items()},
+            "confusions": confusion_pairs(y_true, pred, manifest.labels),
+            "calibration": {"coverage": coverage_table(probs, y_true),
+                            "ece": round(expected_calibration_error(probs, y_true), 4)},
+            "latency_batch1": _engine_latency_ms(engine, texts, latency_runs),
+        }
+        if temperature:
+            logits = np.log(np.maximum(probs, 1e-300))
+            scaled = softmax_t(logits, float(temperature))
+            result["calibration"].update({"temperature": temperature,
+                                          "ece_after_temperature": round(expected_calibration_error(scaled, y_true), 4),
+                                          "coverage_after_temperature": coverage_table(scaled, y_true)})
+        if data.has_language:
+            result["by_language"] = metrics_by_language(y_true, pred, languages, manifest.labels)["by_language"]
+        if name == "fp32":
+            fp32_pred = pred
+        elif fp32_pred is not None:
+            result["agreement_with_fp32"] = round(float(np.mean(pred == fp32_pred)), 4)
+            result["accuracy_drop_vs_fp32_points"] = round(
+                100 * (report["variants"]["fp32"]["accuracy"] - result["accuracy"]), 2)
+        report["variants"][name] = result
+    return report
+
+
+def format_evaluation(report: dict) -> str:
+    """The evaluation report as Markdown tables (what `python -m models evaluate` prints)."""
+    names = list(report["variants"])
+    variants = report["variants"]
+    pct = lambda v: "–" if v is None else f"{100 * v:.1f}"  # noqa: E731
+    lines = [f"## {report['model']} {report['version']} on {report['data']} ({report['examples']} examples)", ""]
+    if report["skipped"]:
+        lines += ["skipped: " + ", ".join(f"{n} {why}" for why, n in report["skipped"].items()), ""]
+    lines += ["| variant | accuracy | macro-F1 | ECE | agreement with fp32 | batch-1 latency median / p90 ms |",
+              "|---|---|---|---|---|---|"]
+    for name in names:
+        v = variants[name]
+        lines.append(f"| {name} | {pct(v['accuracy'])} | {pct(v['macro_f1'])} | {v['calibration']['ece']:.3f}"
+                     + (f" (T: {v['calibration']['ece_after_temperature']:.3f})" if "ece_after_temperature" in v["calibration"] else "")
+                     + f" | {pct(v.get('agreement_with_fp32', 1.0))} | {v['latency_batch1']['median_ms']:.2f} / "
+                     f"{v['latency_batch1']['p90_ms']:.2f} |")
+    if "by_language" in variants[names[0]]:
+        lines += ["", "### Accuracy (%) per language", "", "| language | n | " + " | ".join(names) + " |",
+                  "|---|---|" + "---|" * len(names)]
+        for language, row in variants[names[0]]["by_language"].items():
+            lines.append(f"| {language} | {row['n']} | "
+                         + " | ".join(pct(variants[n]["by_language"][language]["accuracy"]) for n in names) + " |")
+    lines += ["", "### Recall (%) per class", "", "| label | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for label in report["labels"]:
+        if label in variants[names[0]]["recall"]:
+            lines.append(f"| {label} | " + " | ".join(pct(variants[n]["recall"].get(label)) for n in names) + " |")
+    lines += ["", "### Calibration: coverage / accuracy (%) at top score ≥ threshold", "",
+              "| threshold | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for i, row in enumerate(variants[names[0]]["calibration"]["coverage"]):
+        cells = [f"{pct(variants[n]['calibration']['coverage'][i]['coverage'])} / "
+                 f"{pct(variants[n]['calibration']['coverage'][i]['accuracy'])}" for n in names]
+        lines.append(f"| {row['threshold']} | " + " | ".join(cells) + " |")
+    lines += ["", f"### Most frequent confusions ({names[0]})", "", "| true | predicted | count |", "|---|---|---|"]
+    lines += [f"| {c['true']} | {c['predicted']} | {c['count']} |" for c in variants[names[0]]["confusions"]]
+    return "\n".join(lines) + "\n"

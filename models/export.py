@@ -19,7 +19,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from models.classifier import TextClassifier, additive_mask
+from models.classifier import PackedBlockEmbedding, TextClassifier, additive_mask
 
 OPSET = 17
 SHARED_DATA_FILE = "embeddings.bin"
@@ -69,6 +69,8 @@ class _ExportWrapper(torch.nn.Module):
     def __init__(self, model: TextClassifier) -> None:
         super().__init__()
         self.model = model
+        # the graph stores the frozen word table packed two codes a byte (see PackedBlockEmbedding)
+        self.word_table = PackedBlockEmbedding(model.word_embedding) if model.word_embedding is not None else None
         # Python ints, not traced sizes: they become constants in the graph
         self.hidden = model.encoder.config.hidden_size
         self.num_heads = model.encoder.config.num_attention_heads
@@ -91,8 +93,8 @@ class _ExportWrapper(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         model = self.model
-        if model.word_embedding is not None:
-            states = model.encoder.embeddings(inputs_embeds=model.word_embedding(input_ids))
+        if self.word_table is not None:
+            states = model.encoder.embeddings(inputs_embeds=self.word_table(input_ids))
         else:
             states = model.encoder.embeddings(input_ids=input_ids)
         mask = additive_mask(attention_mask, states.dtype)
@@ -176,10 +178,10 @@ def store_weights_fp16(model: onnx.ModelProto, min_elements: int = 1024) -> int:
 
 
 def shared_tensors(model: onnx.ModelProto) -> list[str]:
-    """Names of the non-float initializers that make the frozen word table (int8 codes, fp16 scales)."""
+    """Names of the non-float initializers that make the frozen word table (packed 4-bit codes, fp16 scales)."""
     names = []
     for init in model.graph.initializer:
-        if init.name.endswith(("word_embedding.codes", "word_embedding.scales")):
+        if init.name.endswith(("word_table.packed", "word_table.scales")):
             names.append(init.name)
     return sorted(names)
 

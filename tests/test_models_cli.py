@@ -1,0 +1,271 @@
+"""`python -m models train / evaluate`: a user's CSV in, a package the runtime loads out; bad input gets one line."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models.userdata import MIN_EXAMPLES_PER_LABEL, DataError, read_labelled_file, split_examples
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Three clearly different alarm kinds in two languages: a tiny model learns them in seconds.
+TINY_ROWS = {
+    ("overheating", "en"): ["motor temperature too high", "bearing overheating alarm", "spindle is hot",
+                            "oil temperature above limit", "cabinet temperature high", "gearbox running hot",
+                            "thermal overload on pump motor", "coolant temperature rising fast"],
+    ("overheating", "de"): ["Motortemperatur zu hoch", "Lager überhitzt", "Spindel ist heiß", "Öltemperatur über Grenzwert",
+                            "Schaltschrank Temperatur hoch", "Getriebe läuft heiß", "Übertemperatur an der Pumpe",
+                            "Kühlmitteltemperatur steigt"],
+    ("leak", "en"): ["oil leaking under the press", "water dripping from the pipe", "hydraulic hose leaking",
+                     "puddle of coolant on the floor", "air leak at the valve", "steam escaping from the flange",
+                     "gas smell near the burner", "leak at the pump seal"],
+    ("leak", "de"): ["Öl tropft unter der Presse", "Wasser läuft aus dem Rohr", "Hydraulikschlauch undicht",
+                     "Kühlmittelpfütze am Boden", "Luftleck am Ventil", "Dampf tritt am Flansch aus",
+                     "Gasgeruch am Brenner", "Pumpendichtung leckt"],
+    ("jam", "en"): ["conveyor belt blocked", "part stuck in the feeder", "paper jam in the printer",
+                    "bottles fell over on the line", "hopper is empty", "chute clogged with material",
+                    "film jammed in the wrapper", "parts piling up at station 3"],
+    ("jam", "de"): ["Förderband blockiert", "Teil steckt im Zuführer", "Papierstau im Drucker",
+                    "Flaschen umgefallen auf der Linie", "Trichter ist leer", "Rutsche verstopft",
+                    "Folie im Wickler verklemmt", "Teile stauen sich an Station 3"],
+}
+TINY_SETTINGS = {"teacher": None, "student_layers": [0, 1], "vocab_budget": 3000, "golden_count": 6,
+                 "distill_augment": 0,
+                 "student": {"epochs": 6, "batch_size": 8, "lr": 2e-4, "head_lr": 3e-3, "patience": 6}}
+
+
+def write_csv(path: Path, rows: list[list[str]], delimiter: str = ",", header=("text", "label", "lang")) -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh, delimiter=delimiter)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+# every text of a label also carries the label's code word: the pipeline is under test, not the model
+CODE_WORDS = {"overheating": "HEAT", "leak": "LEAK", "jam": "JAM"}
+
+
+def tiny_rows() -> list[list[str]]:
+    return [[f"{CODE_WORDS[label]}: {text}", label, lang] for (label, lang), texts in TINY_ROWS.items() for text in texts]
+
+
+def run_models(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "models", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def _bad_not_utf8(tmp: Path) -> Path:
+    path = tmp / "latin1.csv"
+    path.write_bytes("text,label\nhello,a\nbonjour,b\nça chauffe,a\n".encode("latin-1"))
+    return path
+
+
+def _bad_one_label(tmp: Path) -> Path:
+    return write_csv(tmp / "one.csv", [[f"text {i}", "only", "en"] for i in range(10)])
+
+
+def _bad_too_few(tmp: Path) -> Path:
+    rows = [[f"text a{i}", "a", "en"] for i in range(10)] + [["text b1", "b", "en"], ["text b2", "b", "en"]]
+    return write_csv(tmp / "few.csv", rows)
+
+
+def _bad_empty_texts(tmp: Path) -> Path:
+    return write_csv(tmp / "empty-texts.csv", [["", "a", "en"], ["  ", "b", "en"]])
+
+
+def _bad_numbers(tmp: Path) -> Path:
+    return write_csv(tmp / "numbers.csv", [[str(i * 1.5), "a" if i % 2 else "b", "en"] for i in range(20)])
+
+
+def _bad_jsonl(tmp: Path) -> Path:
+    path = tmp / "bad.jsonl"
+    path.write_text('{"text": "hello", "label": "a"}\n{"text": "oops", "label": \n', encoding="utf-8")
+    return path
+
+
+def _bad_short_row(tmp: Path) -> Path:
+    path = tmp / "short.csv"
+    path.write_text("text,label,lang\nhello,a,en\nno label here\n", encoding="utf-8")
+    return path
+
+
+BAD_INPUTS = {
+    # name: (make the file, extra args, what the one line must say)
+    "missing file": (lambda tmp: tmp / "nope.csv", [], ["nope.csv", "no such file"]),
+    "empty file": (lambda tmp: (tmp / "empty.csv").write_text("") and None or tmp / "empty.csv", [],
+                   ["empty.csv", "empty file"]),
+    "unknown text column": (lambda tmp: write_csv(tmp / "cols.csv", [["x", "a", "en"]], header=("message", "label", "lang")),
+                            [], ["cols.csv", "line 1", "'text'", "--text-column"]),
+    "missing label column": (lambda tmp: write_csv(tmp / "cols2.csv", tiny_rows()), ["--label-column", "team"],
+                             ["cols2.csv", "line 1", "'team'"]),
+    "not UTF-8": (_bad_not_utf8, [], ["latin1.csv", "line 4", "not UTF-8"]),
+    "fewer than 2 labels": (_bad_one_label, [], ["one.csv", "at least 2 labels", "'only'"]),
+    "label with too few examples": (_bad_too_few, [], ["few.csv", "'b' has 2 examples",
+                                                       f"{MIN_EXAMPLES_PER_LABEL} are needed"]),
+    "text column empty": (_bad_empty_texts, [], ["empty-texts.csv", "'text' is empty"]),
+    "text column not text": (_bad_numbers, [], ["numbers.csv", "line 2", "holds numbers"]),
+    "broken JSONL line": (_bad_jsonl, [], ["bad.jsonl", "line 2", "not a JSON object"]),
+    "row with missing fields": (_bad_short_row, [], ["short.csv", "line 3", "column 'label'"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path):
+    make, extra, expected = BAD_INPUTS[case]
+    data = make(tmp_path)
+    out = tmp_path / "pkg"
+    result = run_models("train", "--data", str(data), "--out", str(out), *extra)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for fragment in expected:
+        assert fragment in lines[0], lines[0]
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".pkg")]
+    assert result.stdout == ""
+
+
+def test_out_that_is_not_a_package_is_refused(tmp_path):
+    data = write_csv(tmp_path / "ok.csv", tiny_rows())
+    out = tmp_path / "docs"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    result = run_models("train", "--data", str(data), "--out", str(out))
+    assert result.returncode == 2
+    assert "not a model package" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_csv_quirks_are_read_and_bad_rows_counted(tmp_path):
+    # BOM, ';' separator, a quoted newline, numeric labels, an empty text, a conflicting duplicate
+    path = tmp_path / "quirks.csv"
+    body = ("text;label;lang\n"
+            '"motor hot\nsince 10:00";1;en\n'
+            "leak at pump;2;en\n"
+            ";1;en\n"
+            "same text;1;en\n"
+            "same text;2;en\n"
+            "jam;3;en\n")
+    path.write_bytes("\ufeff".encode() + body.encode("utf-8"))
+    data = read_labelled_file(path, for_training=False)
+    assert [(e.text, e.label) for e in data.examples] == [("motor hot since 10:00", "1"), ("leak at pump", "2"),
+                                                           ("jam", "3")]
+    assert data.skipped == {"empty text": 1, "same text under different labels": 2}
+    tab = write_csv(tmp_path / "tab.tsv", [["a text", "x", "en"], ["b text", "y", "en"]], delimiter="\t")
+    assert [e.label for e in read_labelled_file(tab, for_training=False).examples] == ["x", "y"]
+
+
+def test_jsonl_labels_may_be_numbers(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps({"text": f"t{i}", "label": i % 2}) for i in range(10)) + "\n", encoding="utf-8")
+    data = read_labelled_file(path)
+    assert sorted({e.label for e in data.examples}) == ["0", "1"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": ["a list"], "label": 1}\n', encoding="utf-8")
+    with pytest.raises(DataError, match="line 1.*must be a string"):
+        read_labelled_file(bad)
+
+
+def test_split_is_stratified_and_keeps_groups_whole(tmp_path):
+    rows = []
+    for label in ("a", "b", "c"):
+        for lang in ("en", "de", "ja"):
+            for i in range(10):
+                rows.append([f"{label} {lang} {i}", label, lang, f"{label}-{i}"])  # a group = one message in 3 languages
+    path = write_csv(tmp_path / "g.csv", rows, header=("text", "label", "lang", "group"))
+    splits = split_examples(read_labelled_file(path).examples, seed=13)
+    where = {}
+    for name in ("train", "val", "test"):
+        for example in getattr(splits, name):
+            where.setdefault(example.group, set()).add(name)
+    assert all(len(places) == 1 for places in where.values())
+    for name in ("val", "test"):
+        assert {e.label for e in getattr(splits, name)} == {"a", "b", "c"}
+    assert len(splits.train) + len(splits.val) + len(splits.test) == 90
+
+
+# ----------------------------------------------------------------------------- end to end
+
+@pytest.fixture(scope="module")
+def tiny_package(tmp_path_factory):
+    pytest.importorskip("torch")
+    tmp = tmp_path_factory.mktemp("train")
+    data = write_csv(tmp / "alarms.csv", tiny_rows())
+    settings = tmp / "tiny.json"
+    settings.write_text(json.dumps(TINY_SETTINGS))
+    out = tmp / "tiny-alarms"
+    result = run_models("train", "--data", str(data), "--settings", str(settings), "--out", str(out),
+                        env={"DECIDE_FACTORY_CACHE": str(tmp / "cache")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[model]" in result.stderr and "ETA" in result.stderr  # progress on stderr
+    return out, data
+
+
+def test_train_makes_a_package_the_runtime_selftests(tiny_package):
+    out, data = tiny_package
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["name"] == "tiny-alarms"
+    assert manifest["labels"] == ["jam", "leak", "overheating"]
+    provenance = manifest["provenance"]
+    assert provenance["data"]["sha256"] == __import__("hashlib").sha256(data.read_bytes()).hexdigest()
+    assert provenance["data"]["labels"] == {"jam": 16, "leak": 16, "overheating": 16}
+    assert sum(provenance["split"]["sizes"].values()) == 48
+    assert 0.05 <= manifest["calibration"]["temperature"] <= 20
+    result = subprocess.run([sys.executable, "-m", "runtime", "selftest", "--model", str(out)], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "FAIL" not in result.stdout
+
+
+def test_evaluate_json_matches_the_runtime(tiny_package):
+    out, data = tiny_package
+    result = run_models("evaluate", "--model", str(out), "--data", str(data), "--variant", "fp32", "--json",
+                        "--latency-runs", "5")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    fp32 = report["variants"]["fp32"]
+    assert report["examples"] == 48 and set(fp32["by_language"]) == {"de", "en"}
+    # the accuracy is what the runtime's engine answers on the same texts
+    from runtime.engine import Engine
+    from runtime.package import load_package
+
+    engine = Engine(load_package(out), "fp32")
+    rows = tiny_rows()
+    answers = engine.classify([text for text, _, _ in rows])
+    expected = np.mean([a.label == label for a, (_, label, _) in zip(answers, rows)])
+    assert fp32["accuracy"] == pytest.approx(expected, abs=1e-4)
+    coverage = [row["coverage"] for row in fp32["calibration"]["coverage"]]
+    assert coverage == sorted(coverage, reverse=True)
+    assert set(fp32["recall"]) == {"jam", "leak", "overheating"}
+    assert all(c["true"] != c["predicted"] for c in fp32["confusions"])
+
+
+def test_evaluate_refuses_labels_the_model_does_not_have(tiny_package, tmp_path):
+    out, _ = tiny_package
+    other = write_csv(tmp_path / "other.csv", [["motor hot", "fire", "en"]])
+    result = run_models("evaluate", "--model", str(out), "--data", str(other))
+    assert result.returncode == 2 and "'fire'" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_split_gives_every_language_its_share(tmp_path):
+    # 20 languages × 14 texts per label (the machine-alarms shape): 10 % is 1–2 texts per language
+    languages = [f"l{i:02d}" for i in range(20)]
+    rows = [[f"{label} {lang} {i}", label, lang] for label in ("a", "b") for lang in languages for i in range(14)]
+    splits = split_examples(read_labelled_file(write_csv(tmp_path / "l.csv", rows)).examples, seed=13)
+    for name in ("val", "test"):
+        held = getattr(splits, name)
+        assert len(held) == 56
+        for label in ("a", "b"):
+            counts = [sum(1 for e in held if e.label == label and e.language == lang) for lang in languages]
+            assert min(counts) >= 1 and max(counts) <= 2, (name, label, counts)

@@ -497,7 +497,7 @@ def _publish_into(staging: Path, recipe: Recipe, prepared: Prepared, model: Text
         golden_y, golden_labels = reference_probs.argmax(1), "fp32 predictions (no test example was right with margin)"
         log("golden set: no test example is classified right with a clear margin; using FP32's confident answers")
         candidates = select_golden(languages, golden_y, reference_probs, {n: probs[n] for n in published},
-                                   count=3 * recipe.golden_count, min_margin=0.1)
+                                   count=3 * recipe.golden_count, min_margin=0.02)
     golden_index, golden_dp = stable_golden(candidates, test_seqs, golden_y, reference_probs,
                                             {n: sessions[n] for n in published}, pad_id, recipe.golden_count,
                                             recipe.max_length)

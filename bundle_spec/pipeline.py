@@ -59,9 +59,12 @@ def host_tools(arch: Arch) -> dict[str, str]:
     return tools
 
 
-def zip_stem(arch: str) -> str:
-    """dist/<stem>.zip, .zip.sha256 and .json for this version and arch."""
-    return f"decide-{VERSION}-linux-{arch}"
+def zip_stem(arch: str, model_dir: Path | None = None) -> str:
+    """dist/<stem>.zip, .zip.sha256 and .json for this version and arch; a bundle of another
+    model than the default is named after it (decide-<version>-<model>-linux-<arch>)."""
+    if model_dir is None or Path(model_dir).resolve() == (REPO / DEFAULT_MODEL).resolve():
+        return f"decide-{VERSION}-linux-{arch}"
+    return f"decide-{VERSION}-{Path(model_dir).name}-linux-{arch}"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -176,7 +179,7 @@ def build(args: argparse.Namespace) -> dict[str, object]:
 
     step(10, STEPS, "zip")
     args.dist.mkdir(parents=True, exist_ok=True)
-    zip_path = args.dist / f"{zip_stem(arch.name)}.zip"
+    zip_path = args.dist / f"{zip_stem(arch.name, args.model)}.zip"
     write_zip(staging, zip_path)
     digest = sha256_file(zip_path)
     (args.dist / f"{zip_path.name}.sha256").write_text(f"{digest}  {zip_path.name}\n")
@@ -186,7 +189,7 @@ def build(args: argparse.Namespace) -> dict[str, object]:
                 "zip_sha256": digest, **sizes, "build_seconds": total, "step_seconds": dict(STEP_SECONDS),
                 "step_cpu_seconds": dict(STEP_CPU_SECONDS),
                 "build_root": str(root.path)}
-    (args.dist / f"{zip_stem(arch.name)}.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    (args.dist / f"{zip_stem(arch.name, args.model)}.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print_report(manifest, zip_path)
     return manifest
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime import __version__
-from runtime.appdir import DEFAULT_MODEL, find_data_dir
+from runtime.appdir import DEFAULT_MODEL, default_model_dir, find_data_dir
 from runtime.cpu import CpuFeatures, probe
 from runtime.framing import OutputFailed
 from runtime.package import Package, PackageError, load_package
@@ -68,7 +68,7 @@ def build_parser(command: str) -> argparse.ArgumentParser:
         "2 usage, 3 CPU unsupported, 4 model package error, 5 selftest failed, 6 output failed.",
     )
     parser.add_argument("--model", type=Path, default=None,
-                        help=f"model package directory (env {ENV_MODEL}; default: <app dir>/{DEFAULT_MODEL})")
+                        help=f"model package directory (env {ENV_MODEL}; default: <app dir>/{DEFAULT_MODEL}, or the one package in <app dir>/models)")
     parser.add_argument("--tier", default=None, help=f"force a CPU tier (env {ENV_TIER})")
     parser.add_argument("--variant", default=None, help=f"force a model variant (env {ENV_VARIANT})")
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: usable cores)")
@@ -126,7 +126,7 @@ def model_dir(args: argparse.Namespace) -> Path:
         return args.model
     if os.environ.get(ENV_MODEL):
         return Path(os.environ[ENV_MODEL])
-    return find_data_dir(DEFAULT_MODEL)
+    return default_model_dir()
 
 
 def overrides(args: argparse.Namespace) -> tuple[str | None, str | None]:

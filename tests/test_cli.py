@@ -148,3 +148,15 @@ def test_reports_to_a_full_or_closed_stdout_exit_6_with_one_line(tiny_package_di
     result = subprocess.run([sys.executable, "-m", "runtime", "info", "--json", "--model", str(tiny_package_dir)],
                             cwd=REPO, stderr=subprocess.PIPE, timeout=60, preexec_fn=lambda: os.close(1))
     assert result.returncode == 6 and len(result.stderr.decode().splitlines()) == 1
+
+
+def test_a_bundle_of_another_model_finds_it_without_model(tiny_package_dir, tmp_path, monkeypatch):
+    """build.py --model DIR puts the package at models/<name>: the app must serve it by default."""
+    from runtime import appdir
+
+    app = tmp_path / "app"
+    shutil.copytree(tiny_package_dir, app / "models" / "my-alarms")
+    monkeypatch.setattr(appdir, "search_dirs", lambda: [app])
+    assert appdir.default_model_dir() == app / "models" / "my-alarms"
+    shutil.copytree(tiny_package_dir, app / "models" / "second")  # two packages: no guessing
+    assert appdir.default_model_dir() == app / appdir.DEFAULT_MODEL

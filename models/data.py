@@ -32,7 +32,6 @@ TOPIC_ALIASES = {
     "science": "science",
     "sports": "sports", "sport": "sports",
 }
-TOPIC_LABELS = tuple(sorted(set(TOPIC_ALIASES.values())))
 
 LANGUAGE_CODES = {  # chatterbot-corpus directory -> BCP 47 code
     "bengali": "bn", "chinese": "zh-Hans", "dutch": "nl", "english": "en", "french": "fr",

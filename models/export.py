@@ -1,4 +1,4 @@
-"""ONNX export (fused BERT ops) and the published variants: FP32 (fp16 storage) and dynamic int8 (U8U8, U8S8).
+"""ONNX export (fused BERT ops) of the FP32 variant (fp16 storage); models/quantize.py makes the int8 ones from it.
 
 All graphs keep ORT's portable form (no ALL-level/layout optimization, which ties a graph to the
 CPU it was made on; the runtime optimizes at session creation). The frozen word-embedding table
@@ -9,9 +9,7 @@ package references, so it is stored once.
 from __future__ import annotations
 
 import math
-import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,37 +22,6 @@ from models.classifier import PackedBlockEmbedding, TextClassifier, additive_mas
 OPSET = 17
 SHARED_DATA_FILE = "embeddings.bin"
 _ALIGN = 4096  # offsets in the shared file are page-aligned so ORT may mmap them
-QUANTIZED_OPS = ("MatMul", "Attention")  # Attention becomes QAttention (int8 QKV projection)
-
-
-@dataclass(frozen=True)
-class QuantSpec:
-    """How one int8 variant is made with onnxruntime.quantization.quantize_dynamic."""
-
-    name: str
-    weight_type: str  # "QUInt8" or "QInt8" (activations are always QUInt8 in dynamic quantization)
-    per_channel: bool
-    reduce_range: bool
-    cpu_families: tuple[str, ...]
-
-    def settings(self) -> dict:
-        """What the manifest records about this quantization."""
-        return {"method": "onnxruntime.quantization.quantize_dynamic", "activation_type": "QUInt8",
-                "weight_type": self.weight_type, "per_channel": self.per_channel,
-                "reduce_range": self.reduce_range, "op_types": list(QUANTIZED_OPS)}
-
-
-INT8_VARIANTS = (
-    # x86 without VNNI: unsigned weights avoid VPMADDUBSW's int16 saturation (ORT quantization docs)
-    QuantSpec("int8-u8u8", "QUInt8", per_channel=True, reduce_range=False,
-              cpu_families=("v2-sse4.2", "avx", "avx2", "avx512", "armv8.0")),
-    # VNNI and ARM dot-product instructions take signed weights without saturation; reduce_range
-    # (7-bit weights) keeps the variant exact on non-VNNI x86 too, where the factory evaluates it
-    QuantSpec("int8-u8s8", "QInt8", per_channel=True, reduce_range=True,
-              cpu_families=("avx-vnni", "avx512-vnni", "armv8.0", "dotprod", "i8mm")),
-)
-FP32_CPU_FAMILIES = ("v2-sse4.2", "avx", "avx2", "avx512", "avx-vnni", "avx512-vnni",
-                     "armv8.0", "dotprod", "i8mm")
 
 
 class _ExportWrapper(torch.nn.Module):
@@ -140,19 +107,6 @@ def fuse_transformer_ops(plain_path: Path, fused_path: Path, num_heads: int, hid
     return counts
 
 
-def quantize(fp32_path: Path, out_path: Path, spec: QuantSpec) -> None:
-    """Dynamic int8 quantization of the MatMul and Attention weights (the embedding table is left as it is)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    quantize_dynamic(
-        str(fp32_path), str(out_path), op_types_to_quantize=list(QUANTIZED_OPS),
-        weight_type=getattr(QuantType, spec.weight_type), per_channel=spec.per_channel,
-        reduce_range=spec.reduce_range,
-        # Contrib ops defeat ONNX shape inference; every tensor in these graphs is float32.
-        extra_options={"MatMulConstBOnly": True, "DefaultTensorType": TensorProto.FLOAT},
-    )
-
-
 def store_weights_fp16(model: onnx.ModelProto, min_elements: int = 1024) -> int:
     """Store large float32 initializers as float16 followed by a Cast to float32; returns how many.
 
@@ -215,12 +169,11 @@ def point_to_shared_data(model: onnx.ModelProto, layout: dict[str, tuple[int, in
                 entry.key, entry.value = key, value
 
 
-def build_variants(model: TextClassifier, out_dir: Path, pad_id: int,
-                   quant_specs: tuple[QuantSpec, ...] = INT8_VARIANTS) -> dict[str, Path]:
-    """Export FP32 and the int8 variants into out_dir; returns variant name → graph path.
+def build_variants(model: TextClassifier, out_dir: Path, pad_id: int) -> dict[str, Path]:
+    """Export the FP32 variant into out_dir; returns {"fp32": graph path}.
 
-    Files: model-fp32.onnx (fp16 storage), model-<int8 name>.onnx, and embeddings.bin when the
-    classifier has a block-quantized word table (then every graph references it).
+    Files: model-fp32.onnx (fp16 storage) and embeddings.bin when the classifier has a
+    block-quantized word table (the int8 variants models/quantize.py makes reference it too).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -231,10 +184,6 @@ def build_variants(model: TextClassifier, out_dir: Path, pad_id: int,
         fuse_transformer_ops(traced, plain, config.num_attention_heads, config.hidden_size,
                              config.num_hidden_layers)
         graphs = {"fp32": onnx.load(str(plain))}
-        for spec in quant_specs:
-            quantized = Path(tmp) / f"{spec.name}.onnx"
-            quantize(plain, quantized, spec)
-            graphs[spec.name] = onnx.load(str(quantized))
     store_weights_fp16(graphs["fp32"])
     names = shared_tensors(graphs["fp32"])
     if names:
@@ -248,7 +197,3 @@ def build_variants(model: TextClassifier, out_dir: Path, pad_id: int,
         paths[name] = path
     return paths
 
-
-def file_size(path: Path) -> int:
-    """Bytes on disk."""
-    return os.path.getsize(path)

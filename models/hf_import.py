@@ -25,7 +25,7 @@ from models.build import (GOLDEN_FILE, TOKENIZER_FILE, golden_tolerance, swap_in
 from models.calibration import expected_calibration_error
 from models.data import Example
 from models.evaluate import ort_logits, ort_session, select_golden, softmax
-from models.export import OPSET, FP32_CPU_FAMILIES
+from models.export import OPSET
 from models.metrics import metrics_by_language
 from models.progress import log
 from models.quantize import VARIANTS_BY_NAME, requantize_package
@@ -196,7 +196,7 @@ def import_hf(hf_dir: Path, out_dir: Path, name: str, data_file: Path | None = N
                                      "probs": [round(float(p), 7) for p in golden_probs[i]]}, ensure_ascii=False) + "\n")
         variants = {"fp32": Variant(
             name="fp32", file=file_entry(staging, fp32_path.name), precision="fp32", weights_storage="fp32",
-            cpu_families=FP32_CPU_FAMILIES, metrics=evaluated,
+            metrics=evaluated,
             golden_tolerance=golden_tolerance(golden_dp["fp32"], "fp32"))}
         provenance = {
             "imported_from": {"dir": str(hf_dir), "architecture": config["architectures"][0],

@@ -56,11 +56,6 @@ def dequantize_codes(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return (blocks * scales.astype(np.float32)[:, :, None]).reshape(rows, cols)
 
 
-def dequantize_q4_0(raw: bytes | memoryview, rows: int, cols: int) -> np.ndarray:
-    """Expand Q4_0 blocks (row-major, `cols` a multiple of 32) to a float32 [rows, cols] matrix."""
-    return dequantize_codes(*q4_0_codes(raw, rows, cols))
-
-
 class _Cursor:
     def __init__(self, data: memoryview, pos: int = 0) -> None:
         self.data, self.pos = data, pos

@@ -39,13 +39,12 @@ SMOOTHING_ALPHA = 0.9
 
 @dataclass(frozen=True)
 class Int8Variant:
-    """One int8 variant: how its weights are quantized and which CPU families it is made for."""
+    """One int8 variant: how its weights are quantized, and why (which CPUs pick it is platforms/ data)."""
 
     name: str
     weight_type: str  # "QInt8" (u8s8: signed weights) or "QUInt8" (u8u8)
     per_channel: bool
     reduce_range: bool  # 7-bit weights: no VPMADDUBSW saturation on x86 without VNNI
-    cpu_families: tuple[str, ...]
     why: str
 
     def settings(self, calibration: dict) -> dict:
@@ -59,12 +58,10 @@ class Int8Variant:
 INT8_VARIANTS = (
     Int8Variant(
         "int8-u8s8", "QInt8", per_channel=True, reduce_range=False,
-        cpu_families=("avx-vnni", "avx512-vnni", "armv8.0", "dotprod", "i8mm"),
         why="u8×s8 is what VNNI's vpdpbusd and ARM's sdot/usdot/smmla compute natively, without "
             "saturation; on x86 without VNNI it would saturate in VPMADDUBSW (ORT docs)"),
     Int8Variant(
         "int8-u8u8", "QUInt8", per_channel=True, reduce_range=False,
-        cpu_families=("v2-sse4.2", "avx", "avx2", "avx512", "armv8.0"),
         why="x86 without VNNI: unsigned weights cannot saturate the int16 pair sums, and the "
             "SSE/AVX2/AVX-512 U8U8 kernels agree to float rounding (FACTS)"),
 )
@@ -535,7 +532,7 @@ def requantize_package(package_dir: Path, calibration_texts: Sequence[str], vali
         variants[name] = replace(
             fp32, name=name, file=file_entry(staging, path.name), precision="int8",
             weights_storage="int8" + fp32.weights_storage.partition(";")[1] + fp32.weights_storage.partition(";")[2],
-            quantization=variant.settings(record), cpu_families=variant.cpu_families, metrics=metrics)
+            quantization=variant.settings(record), metrics=metrics)
 
     golden = read_golden(package)
     texts = [g["text"] for g in golden]

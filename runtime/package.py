@@ -51,7 +51,6 @@ class Variant:
     data_files: tuple[FileEntry, ...] = ()  # external-data files the graph references
     weights_storage: str = "fp32"  # how weights are stored on disk, e.g. "fp16" expanded at load
     quantization: dict[str, Any] | None = None  # settings used by the factory, None for fp32
-    cpu_families: tuple[str, ...] = ()  # tiers this variant was made for
     metrics: dict[str, Any] = field(default_factory=dict)  # accuracy/macro-F1 per language …
     golden_tolerance: float = 2e-3  # max |Δp| vs the FP32 reference on the golden set
     # max |Δp| vs the variant's own expected outputs in golden.jsonl ("expected"); None: the
@@ -111,7 +110,6 @@ class Manifest:
                     data_files=tuple(FileEntry(**f) for f in v.get("data_files", ())),
                     weights_storage=v.get("weights_storage", "fp32"),
                     quantization=v.get("quantization"),
-                    cpu_families=tuple(v.get("cpu_families", ())),
                     metrics=v.get("metrics", {}),
                     golden_tolerance=float(v.get("golden_tolerance", 2e-3)),
                     expected_tolerance=(float(v["expected_tolerance"])
@@ -238,9 +236,6 @@ def _check_variant(name: str, value: Any, where: str) -> None:
     _check(isinstance(value.get("weights_storage", ""), str), where, f"{prefix}.weights_storage", "a string")
     _check(value.get("quantization") is None or isinstance(value["quantization"], dict), where,
            f"{prefix}.quantization", "an object or null")
-    families = value.get("cpu_families", [])
-    _check(isinstance(families, list) and all(isinstance(f, str) for f in families), where,
-           f"{prefix}.cpu_families", "a list of strings")
     _check(isinstance(value.get("metrics", {}), dict), where, f"{prefix}.metrics", "an object")
     tolerance = value.get("golden_tolerance", 0.0)
     _check(_is_number(tolerance) and tolerance >= 0, where, f"{prefix}.golden_tolerance", "a number ≥ 0")

@@ -38,7 +38,7 @@ LABEL_LISTS = {  # wrong label lists: duplicates, too few, wrong element types, 
 VARIANT_REQUIRED = ("name", "file", "precision")
 VARIANT_WRONG = {
     "name": "other", "file": "fp32.onnx", "precision": 32, "data_files": "fp32.data", "quantization": 5,
-    "cpu_families": "avx2", "metrics": [], "golden_tolerance": "small", "weights_storage": 16,
+    "metrics": [], "golden_tolerance": "small", "weights_storage": 16,
 }
 FILE_ENTRY_WRONG = {
     "file": ["../fp32.onnx", "/etc/passwd", "", 7, "missing.onnx"],
@@ -180,7 +180,7 @@ def test_optional_fields_may_be_absent(tiny_package_dir, tmp_path):
         for key in ("languages", "description", "provenance"):
             del manifest[key]
         for variant in manifest["variants"].values():
-            for key in ("data_files", "weights_storage", "quantization", "cpu_families", "metrics",
+            for key in ("data_files", "weights_storage", "quantization", "metrics",
                         "golden_tolerance"):
                 if key != "data_files" or not variant[key]:
                     variant.pop(key, None)

@@ -392,15 +392,11 @@ def text_feeds(tokenizer_path: Path, texts: Sequence[str], max_length: int, pad_
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length=max_length)
     seqs = sorted((e.ids for e in tokenizer.encode_batch(list(texts))), key=len)
+    from models.evaluate import pad_numpy
+
     feeds = []
     for start in range(0, len(seqs), batch_size):
-        chunk = seqs[start:start + batch_size]
-        width = max(len(s) for s in chunk)
-        ids = np.full((len(chunk), width), pad_id, dtype=np.int64)
-        mask = np.zeros((len(chunk), width), dtype=np.int64)
-        for row, seq in enumerate(chunk):
-            ids[row, :len(seq)] = seq
-            mask[row, :len(seq)] = 1
+        ids, mask = pad_numpy(seqs[start:start + batch_size], pad_id)
         feeds.append({"input_ids": ids, "attention_mask": mask})
     return feeds
 

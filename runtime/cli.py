@@ -37,6 +37,7 @@ from runtime.tiers import (
 )
 
 EXIT_OK = 0
+EXIT_INTERNAL = 1  # a bug: one stderr line (DECIDE_DEBUG=1 adds the traceback)
 EXIT_USAGE = 2  # bad arguments, or an override this CPU/package cannot honour
 EXIT_CPU_UNSUPPORTED = 3
 EXIT_PACKAGE = 4  # model package missing, malformed, checksum mismatch, no usable variant
@@ -46,6 +47,7 @@ EXIT_INTERRUPTED = 130  # Ctrl-C before serving started
 
 COMMANDS = ("serve", "info", "selftest", "bench")
 ENV_MODEL, ENV_TIER, ENV_VARIANT = "DECIDE_MODEL", "DECIDE_TIER", "DECIDE_VARIANT"
+ENV_DEBUG = "DECIDE_DEBUG"
 
 log = logging.getLogger("decide")
 
@@ -398,6 +400,13 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot write answers to stdout: %s", exc)
         discard_stdout()
         return EXIT_OUTPUT_FAILED
+    except Exception as exc:  # noqa: BLE001 — a bug: one line for the user, the traceback on request
+        if os.environ.get(ENV_DEBUG):
+            log.exception("internal error")
+        else:
+            log.error("internal error (a bug in decide, please report it): %s: %s (set %s=1 for the traceback)",
+                      type(exc).__name__, exc, ENV_DEBUG)
+        return EXIT_INTERNAL
 
 
 def discard_stdout() -> None:

@@ -161,3 +161,19 @@ def test_a_bundle_of_another_model_finds_it_without_model(tiny_package_dir, tmp_
     shutil.copytree(tiny_package_dir, app / "models" / "second")  # two packages: no guessing
     assert appdir.default_model_dir() != app / "models" / "second"
     assert appdir.default_model_dir() != app / "models" / "my-alarms"
+
+
+def test_a_bug_is_one_stderr_line_and_exit_1():
+    """No traceback reaches a user even for an unexpected exception; DECIDE_DEBUG=1 shows it."""
+    code = ("import sys; from runtime import cli\n"
+            "def broken(_args): raise RuntimeError('kaputt')\n"
+            "cli.HANDLERS['info'] = broken\n"
+            "sys.exit(cli.main(['info']))")
+    env = {k: v for k, v in os.environ.items() if k != "DECIDE_DEBUG"}
+    plain = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env, timeout=60)
+    assert plain.returncode == 1
+    assert "RuntimeError: kaputt" in plain.stderr and "Traceback" not in plain.stderr
+    assert len(plain.stderr.strip().splitlines()) == 1
+    debug = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                           env={**env, "DECIDE_DEBUG": "1"}, timeout=60)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr

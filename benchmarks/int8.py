@@ -43,7 +43,8 @@ MEDIUM_TOKENS = 64
 
 def heldout_examples(split_seed: int = 13) -> list:
     """Validation + test examples of the default recipe's split (never seen in training or calibration)."""
-    from models.data import load_chatterbot_topics, split_examples
+    from models.data import load_chatterbot_topics
+    from models.userdata import split_examples
 
     splits = split_examples(load_chatterbot_topics(), split_seed)
     return list(splits.val) + list(splits.test)

@@ -578,7 +578,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     int8 variants (calibration: the training split of the recipe's data; gate: validation+test)."""
     import argparse
 
-    from models.data import load_chatterbot_topics, split_examples
+    from models.data import load_chatterbot_topics
+    from models.userdata import split_examples
 
     parser = argparse.ArgumentParser(prog="python3 -m models.quantize", description=main.__doc__)
     parser.add_argument("package", type=Path)

@@ -29,7 +29,6 @@ import sys
 import tempfile
 import threading
 import time
-import zipfile
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path

@@ -11,7 +11,6 @@ with the reason, and fail under DECIDE_STRICT=1 (CI).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 

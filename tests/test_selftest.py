@@ -35,7 +35,6 @@ def _corrupted_copy(real_model_dir, tmp_path, variant, pick, change):
     import dataclasses
     import shutil
 
-    import numpy as np
     import onnx
     from onnx import numpy_helper
 

@@ -96,9 +96,11 @@ def main() -> int:
     parser.add_argument("--model", type=Path, default=REPO / DEFAULT_MODEL_DIR)
     parser.add_argument("--variant", default="int8-u8u8")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=None, help="concurrent batches (default: --threads, as decide)")
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
-    engine = Engine(load_package(args.model), args.variant, SessionSettings(threads=args.threads))
+    workers = args.workers or args.threads
+    engine = Engine(load_package(args.model), args.variant, SessionSettings(threads=args.threads, workers=workers))
     engine.warm_up()
     call_cost(engine, args.rounds)
     batches_of_16(engine, [g["text"] for g in read_golden(engine.package)], args.rounds)

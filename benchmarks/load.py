@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import select
 import shlex
 import subprocess
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,14 +146,47 @@ def summarize(m: Measurement) -> dict[str, Any]:
 
 
 async def run_levels(where: str, texts: list[str], levels: list[int], seconds: float, warm_s: float,
-                     rounds: int) -> list[dict[str, Any]]:
+                     rounds: int, between: Callable[[], None] | None = None) -> list[dict[str, Any]]:
     """Every level for `seconds`, split into `rounds` interleaved slices (1,2,…,16,1,2,…) so that
-    load from other processes on a shared box hits every level alike."""
+    load from other processes on a shared box hits every level alike; `between` runs before each round."""
     measurements = [Measurement(n) for n in levels]
     for _ in range(rounds):
+        if between is not None:
+            between()
         for m in measurements:
             await measure_slice(where, texts, m, seconds / rounds, warm_s)
     return [summarize(m) for m in measurements]
+
+
+class EngineCeiling:
+    """The bare engine (in this process, built as the server reports it: variant, threads,
+    workers) on random batches of `batch` texts, back to back: the most the server could give at
+    `batch` clients. Measured in slices between the load rounds, while the server idles."""
+
+    def __init__(self, model: Path, info: dict[str, Any], texts: list[str], batch: int, seconds: float):
+        from runtime.engine import Engine, SessionSettings
+        from runtime.package import load_package
+
+        settings = SessionSettings(threads=info["threads"], workers=info.get("workers", 1))
+        self.engine = Engine(load_package(model), info["variant"], settings)
+        self.engine.warm_up()
+        rng = random.Random(3)
+        self.batches = [[texts[rng.randrange(len(texts))] for _ in range(batch)] for _ in range(50)]
+        self.seconds = seconds
+        self.texts = 0
+        self.elapsed = 0.0
+
+    def __call__(self) -> None:
+        stop_at = time.perf_counter() + self.seconds
+        while time.perf_counter() < stop_at:
+            start = time.perf_counter()
+            for batch in self.batches:
+                self.engine.classify(batch)
+            self.elapsed += time.perf_counter() - start
+            self.texts += sum(len(batch) for batch in self.batches)
+
+    def per_s(self) -> float:
+        return self.texts / self.elapsed
 
 
 def start_server(model: Path, extra: list[str], directory: str) -> tuple[subprocess.Popen, dict[str, Any]]:
@@ -193,6 +228,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1,
                         help="split each level's time into this many interleaved slices (fairer on a busy box)")
     parser.add_argument("--texts", type=Path, help="JSON lines with a text field (default: the golden set)")
+    parser.add_argument("--engine-ceiling", action="store_true",
+                        help="also time the bare engine on random batches of the largest client count, "
+                             "interleaved with the rounds (needs the server's model: not with --socket/--tcp)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args()
     levels = [int(n) for n in args.clients.split(",") if n.strip()]
@@ -212,12 +250,26 @@ def main() -> int:
         if texts is None:
             raise SystemExit("--texts is required with --socket/--tcp")
         info = asyncio.run(request(where, {"id": "info", "op": "info"}))
-        rows = asyncio.run(run_levels(where, texts, levels, args.seconds, args.warm, args.rounds))
+        ceiling = None
+        if args.engine_ceiling:
+            if proc is None:
+                raise SystemExit("--engine-ceiling needs the server this script starts (no --socket/--tcp)")
+            ceiling = EngineCeiling(args.model, info, texts, max(levels), args.seconds / args.rounds)
+        rows = asyncio.run(run_levels(where, texts, levels, args.seconds, args.warm, args.rounds, ceiling))
+    if ceiling is not None:
+        for row in rows:
+            if row["clients"] == max(levels):
+                row["engine_ceiling_per_s"] = round(ceiling.per_s(), 1)
+                row["vs_engine"] = round(row["throughput_rps"] / ceiling.per_s(), 3)
 
     header = (f"model {info['model']['name']} {info['model']['version']}, variant {info['variant']}, "
               f"{info['threads']} threads, server {info['server']}, {len(texts)} texts cycled, "
               f"{args.seconds:g} s per level in {args.rounds} interleaved round(s), {os.cpu_count()} CPUs, load average before/after "
               f"{load_before:.2f}/{os.getloadavg()[0]:.2f} (other processes share these cores)")
+    if ceiling is not None:
+        header += (f"\nbare engine, random batches of {max(levels)} texts: {ceiling.per_s():.1f} texts/s; "
+                   f"server at {max(levels)} clients = "
+                   f"{next(r['vs_engine'] for r in rows if r['clients'] == max(levels)) * 100:.1f} % of it")
     if args.json:
         print(json.dumps({"info": info, "load_average": [load_before, os.getloadavg()[0]], "rows": rows}, indent=2))
     else:

@@ -219,7 +219,8 @@ def engine_ceiling(args, variant: str, threads: int, texts: list[str]) -> dict[s
     one call: the most batching can give with this model and text mix, without any protocol."""
     from runtime.engine import Engine, SessionSettings
 
-    engine = Engine(load_package(args.model), variant, SessionSettings(threads=threads))
+    # As decide builds it: one worker per thread (runtime/cli.py), so batches of one call overlap.
+    engine = Engine(load_package(args.model), variant, SessionSettings(threads=threads, workers=threads))
     engine.warm_up()
     many = texts * 8
     one_cpu = all_cpu = one_wall = all_wall = 0.0

@@ -79,3 +79,23 @@ def plan_batches(
         for offset in range(0, len(indices), per_batch):
             batches.append(PlannedBatch(length, tuple(indices[offset:offset + per_batch])))
     return batches
+
+
+def spread_batches(plan: Sequence[PlannedBatch], workers: int) -> list[PlannedBatch]:
+    """The plan with its biggest batches halved until there are at least `workers` batches (or
+    every batch holds one text), so that concurrent workers all get a share of one call.
+
+    Halving costs one more session.run per split (~10 token rows, see DEFAULT_CALL_COST_TOKENS);
+    a second core doing the other half pays far more. Order does not matter to the caller, which
+    scatters results by index; answers do not depend on batch-mates (fixed int8 scales).
+    """
+    batches = list(plan)
+    while len(batches) < workers:
+        biggest = max(range(len(batches)), key=lambda i: len(batches[i].indices) * batches[i].length, default=None)
+        if biggest is None or len(batches[biggest].indices) < 2:
+            break
+        batch = batches.pop(biggest)
+        half = (len(batch.indices) + 1) // 2
+        batches[biggest:biggest] = [PlannedBatch(batch.length, batch.indices[:half]),
+                                    PlannedBatch(batch.length, batch.indices[half:])]
+    return batches

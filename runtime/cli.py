@@ -74,6 +74,8 @@ def build_parser(command: str) -> argparse.ArgumentParser:
     parser.add_argument("--tier", default=None, help=f"force a CPU tier (env {ENV_TIER})")
     parser.add_argument("--variant", default=None, help=f"force a model variant (env {ENV_VARIANT})")
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: usable cores)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="batches of one model call run at once (default: usable cores; 1 = one after another)")
     parser.add_argument("--spin", action="store_true",
                         help="let ORT worker threads spin between requests (lower latency, burns CPU)")
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
@@ -119,6 +121,7 @@ class Setup:
     choice: Choice
     package: Package
     threads: int
+    workers: int
     stack: NumericStack
 
 
@@ -146,14 +149,16 @@ def prepare(args: argparse.Namespace) -> Setup:
     stack = stack_for(tier)
     package = load_package(model_dir(args))
     choice = select(features, platform, package.manifest.variants.keys(), tier_override, variant_override)
-    if args.threads is not None and args.threads < 1:
-        raise UsageError("--threads must be at least 1")
+    for flag in ("threads", "workers"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise UsageError(f"--{flag} must be at least 1")
     cap = choice.tier.threads_max or features.usable_cores
     threads = args.threads or min(features.usable_cores, cap)
+    workers = args.workers or min(features.usable_cores, cap)
     activate(stack)  # before runtime.engine imports numpy
     if stack.path is not None:
         log.info("numeric stack: %s", stack.reason)
-    return Setup(features, platform, choice, package, threads, stack)
+    return Setup(features, platform, choice, package, threads, workers, stack)
 
 
 def load_engine(setup: Setup, args: argparse.Namespace, variant: str | None = None,
@@ -164,6 +169,7 @@ def load_engine(setup: Setup, args: argparse.Namespace, variant: str | None = No
     ort_settings = setup.choice.tier.ort
     settings = SessionSettings(
         threads=setup.threads,
+        workers=setup.workers,
         spinning=args.spin,
         graph_optimization_level=ort_settings.get("graph_optimization_level", "extended"),
         inter_op_threads=int(ort_settings.get("inter_op_threads", 1)),
@@ -193,9 +199,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     limits = Limits(max_line_bytes=args.max_line_bytes, max_texts=args.max_texts)
     service = Service(engine, limits, info={"tier": setup.choice.tier.name, "arch": setup.features.arch},
                       min_score=args.min_score)
-    log.info("ready: model %s %s, tier %s, variant %s, %d threads, warm-up %.0f ms",
+    log.info("ready: model %s %s, tier %s, variant %s, %d threads, %d workers, warm-up %.0f ms",
              setup.package.manifest.name, setup.package.manifest.version, setup.choice.tier.name,
-             engine.variant.name, setup.threads, engine.warm_up_ms)
+             engine.variant.name, setup.threads, setup.workers, engine.warm_up_ms)
     return stdio.serve(service, wire, ready=args.ready)
 
 

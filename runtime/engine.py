@@ -9,12 +9,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
 
-from runtime.batching import DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_TOKENS, plan_batches
+from runtime.batching import (DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_TOKENS, PlannedBatch, plan_batches,
+                              spread_batches)
 from runtime.package import Package, PackageError, check_golden, verify_files
 from runtime.text import DEFAULT_BUCKETS, Encoded, TextEncoder, bucket_lengths, pad_batch
 
@@ -32,6 +34,10 @@ class SessionSettings:
     """How the ORT session is built (from the tier's `ort` data plus command-line flags)."""
 
     threads: int = 1
+    # Batches of one classify call that run at once (ORT sessions take concurrent Run calls).
+    # Two single-batch callers keep two cores busier than one call with two intra-op threads:
+    # short texts 2,229 → 2,760 texts/s with 2 workers (int8-u8s8, 2 threads, AVX-512 VNNI box).
+    workers: int = 1
     spinning: bool = False  # ORT's default is on: burns CPU between sparse requests
     graph_optimization_level: str = "extended"
     inter_op_threads: int = 1
@@ -130,6 +136,8 @@ class Engine:
         self.input_names = {i.name for i in self.session.get_inputs()}
         self._check_graph(graph_path)
         self.warm_up_ms = 0.0
+        self._pool = (ThreadPoolExecutor(settings.workers, thread_name_prefix="engine-batch")
+                      if settings.workers > 1 else None)
 
     def _check_graph(self, graph_path: object) -> None:
         """The graph's interface against the manifest: inputs we feed, a logits output one
@@ -179,16 +187,22 @@ class Engine:
         if len(items) == 1:
             # Batch-1 traffic (interactive use) skips the planner: one call at the text's own length.
             return [self._classification(self.run_padded(items, len(items[0].ids))[0], items[0])]
-        results: dict[int, Classification] = {}
         plan = plan_batches(
             [len(item.ids) for item in items], self.buckets, self.limits.max_batch, self.limits.max_batch_tokens
         )
-        for batch in plan:
+
+        def run(batch: PlannedBatch) -> list[list[float]]:
             batch_items = [items[i] for i in batch.indices]
             # A batch of one needs no padding at all: run it at its own length (a 10-token text
             # padded to 16 would cost ~60% more for nothing). Buckets matter once rows share a shape.
             length = len(batch_items[0].ids) if len(batch_items) == 1 else batch.length
-            rows = self.run_padded(batch_items, length)
+            return self.run_padded(batch_items, length)
+
+        if self._pool is not None:
+            plan = spread_batches(plan, self.settings.workers)
+        rows_per_batch = self._pool.map(run, plan) if self._pool is not None and len(plan) > 1 else map(run, plan)
+        results: dict[int, Classification] = {}
+        for batch, rows in zip(plan, rows_per_batch):
             for row, index in zip(rows, batch.indices):
                 results[index] = self._classification(row, items[index])
         return [results[index] for index in range(len(items))]  # KeyError if the plan lost a text

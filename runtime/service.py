@@ -145,6 +145,7 @@ class Service:
             "limits": self.limits.to_json(),
             "buckets": list(engine.buckets),
             "threads": engine.settings.threads,
+            "workers": engine.settings.workers,
             **self.extra_info,
         }
         self.engine = engine

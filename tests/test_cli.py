@@ -132,6 +132,13 @@ def test_threads_flag_reaches_the_engine(tiny_package_dir):
     assert info["threads"] == 1 and info["tier"] and info["buckets"][-1] == 24
 
 
+def test_workers_flag_reaches_the_engine_and_is_checked(tiny_package_dir):
+    result = decide("--model", str(tiny_package_dir), "--workers", "3", stdin=b'{"op": "info"}\n')
+    assert json.loads(result.stdout)["workers"] == 3
+    result = decide("--model", str(tiny_package_dir), "--workers", "0", stdin=b'{"op": "info"}\n')
+    assert result.returncode == 2 and b"--workers must be at least 1" in result.stderr and not result.stdout
+
+
 def test_embedding_example_runs_against_a_package(tiny_package_dir):
     result = subprocess.run([sys.executable, "examples/embed.py", "--model", str(tiny_package_dir), "rain and snow",
                              "Pumpe 3: Vibration über Grenzwert"], cwd=REPO, capture_output=True, text=True, timeout=60)

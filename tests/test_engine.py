@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from runtime.batching import plan_batches
+from runtime.batching import PlannedBatch, plan_batches, spread_batches
 from runtime.engine import Engine, EngineLimits, SessionSettings
 from runtime.package import PackageError, load_package, read_golden
 
@@ -146,3 +146,28 @@ def test_real_model_int8_agrees_with_fp32_on_golden_set(real_model_dir):
         assert agree == len(golden), f"{name}: {agree}/{len(golden)} labels agree with fp32"
         worst = max(abs(p - q) for r, g in zip(results, golden) for p, q in zip(r.probs, g["probs"]))
         assert worst <= package.manifest.variants[name].golden_tolerance
+
+
+def test_concurrent_workers_give_the_same_answers_as_one_after_another(tiny_package_dir):
+    """Workers run the batches of one call at once; nothing about an answer may change."""
+    package = load_package(tiny_package_dir)
+    serial = Engine(package, "fp32", SessionSettings(threads=1, workers=1))
+    parallel = Engine(package, "fp32", SessionSettings(threads=1, workers=2), EngineLimits(max_batch=3))
+    rng = random.Random(7)
+    words = [g["text"] for g in read_golden(package)]
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 12))) for _ in range(40)]
+    for expected, got in zip(serial.classify(texts), parallel.classify(texts)):
+        assert got.label == expected.label
+        assert np.allclose(got.probs, expected.probs, atol=1e-6)
+
+
+def test_spread_batches_halves_the_biggest_until_every_worker_has_one():
+    plan = [PlannedBatch(8, tuple(range(16))), PlannedBatch(32, (16,))]
+    spread = spread_batches(plan, 4)
+    assert len(spread) == 4
+    assert sorted(i for batch in spread for i in batch.indices) == list(range(17))
+    assert all(batch.length == (32 if 16 in batch.indices else 8) for batch in spread)
+    # 16×8 → 8 + 8, then the biggest by rows × length again (not the lone 32-token text): 4 + 4 + 8 + 1
+    assert sorted(len(b.indices) for b in spread) == [1, 4, 4, 8]
+    assert spread_batches([PlannedBatch(8, (0,))], 2) == [PlannedBatch(8, (0,))]  # one text cannot be split
+    assert spread_batches(plan, 1) == plan

@@ -105,6 +105,22 @@ def test_queue_refuses_beyond_capacity_and_batches_up_to_max_texts():
     assert queue.take_batch(max_texts=4, delay_s=0.0, wait_for=lambda: 1) is None
 
 
+def test_queue_gives_each_batch_thread_a_fair_share_and_counts_what_is_in_flight():
+    queue = RequestQueue(capacity=16)
+    for _ in range(10):
+        queue.offer(pending(1))
+    first = queue.take_batch(max_texts=32, delay_s=0.0, wait_for=lambda: 1, takers=2)
+    assert len(first) == 5 and queue.in_flight == 5  # half of the 10 waiting: the other thread gets the rest
+    second = queue.take_batch(max_texts=32, delay_s=0.0, wait_for=lambda: 1, takers=2)
+    assert len(second) == 5 and queue.in_flight == 10
+    queue.answered(first)
+    assert queue.in_flight == 5
+    for _ in range(3):
+        queue.offer(pending(1))
+    # 3 waiting + 5 still in flight, two threads: a share is 4, so all 3 waiting go now
+    assert len(queue.take_batch(max_texts=32, delay_s=0.0, wait_for=lambda: 1, takers=2)) == 3
+
+
 def test_queue_gathers_requests_arriving_within_the_delay():
     queue = RequestQueue(capacity=16)
     queue.offer(pending(1))

@@ -129,7 +129,7 @@ def engine_system(model: Path, variant: str, threads: int) -> Contender:
     """(d) decide's own engine, built the way `decide serve` builds it (tier settings, warm-up)."""
     from runtime import cli
 
-    args = argparse.Namespace(model=model, tier=None, variant=variant, threads=threads, spin=False)
+    args = argparse.Namespace(model=model, tier=None, variant=variant, threads=threads, workers=None, spin=False)
     engine = cli.load_engine(cli.prepare(args), args)
 
     def classify(texts: list[str]) -> list[list[float]]:

@@ -527,7 +527,7 @@ def main() -> int:
     leak_entry = next((e for e in entries if e.kind == "wire" and not e.skipped and e.name == "decide frozen"
                        and e.variant == info["choice"]["variant"]), None) or next(
         (e for e in entries if e.kind == "wire" and not e.skipped), None)
-    leak: dict[str, Any] = {"skipped": "no decide stdin row ran"}
+    leak: dict[str, Any] = {"skipped": "no decide stdin row ran" if leak_entry is None else "--leak-requests 0"}
     if leak_entry is not None and args.leak_requests > 0:
         print(f"  {args.leak_requests} requests through stdin of {leak_entry.label}", file=sys.stderr)
         leak = slow_leak(leak_entry, args.model, texts, args.leak_requests)

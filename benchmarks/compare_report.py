@@ -103,7 +103,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "Contenders: **PyTorch eager** = transformers tokenizer + the package's model in PyTorch (models/"
         "classifier.py's architecture filled with the FP32 graph's own weights, benchmarks/torch_model.py), "
-        "padding to the longest text of a batch: **fp32**, and **int8** = PyTorch's dynamic quantization "
+        "transformers' default (sdpa) attention, padding to the longest text of a batch: **fp32**, and **int8** = PyTorch's dynamic quantization "
         "(`torch.ao.quantization.quantize_dynamic`, every nn.Linear, qint8 weights, activation scales per call), "
         "at each thread count (`Nt`); **bare ORT** = a plain onnxruntime script on the package's ONNX file "
         "(benchmarks/protocol_overhead.py's BareLoop; batches padded to the longest text, as fastembed does); "

@@ -1,10 +1,13 @@
 """decide side by side with what a user would pick instead — same model, same texts, same machine, one run.
 
-Contenders (benchmarks/contenders.py): (a) transformers + PyTorch eager FP32 on the fine-tuned
-checkpoint the package was exported from; (b) a bare ONNX Runtime script on the package's ONNX
-file (fastembed's way); (c) the same with every input padded to 128 tokens (julia-1 article §3.1);
-decide's engine in-process; decide over stdin/stdout (`python -m runtime`); the frozen binary from
-dist/decide-<version>-linux-<arch>.zip. int8 and FP32 wherever the package has both.
+Contenders (benchmarks/contenders.py): (a) transformers + PyTorch eager on the package's own
+weights (benchmarks/torch_model.py), FP32 and PyTorch's dynamic int8 (quantize_dynamic), each at
+every --torch-threads count; (b) a bare ONNX Runtime script on the package's ONNX file (fastembed's
+way); (c) the same with every input padded to 128 tokens (julia-1 article §3.1); decide's engine
+in-process; decide over stdin/stdout (`python -m runtime`); the frozen binary from
+dist/decide-<version>-linux-<arch>.zip. ORT contenders run every variant of the package.
+The headline compares FP32 with FP32 and int8 with int8, then across, each time against PyTorch
+at its faster thread count for that workload.
 
 Measured: latency p50/p95/p99 and throughput at batch 1/4/16/32 on a short set (≤ 16 tokens) and
 a medium set (64–128 tokens); peak RSS; exec → first answer from a cold process; RSS of decide
@@ -14,6 +17,8 @@ medians over rounds and ratios are taken within a round, then the median of thos
 
     python3 benchmarks/compare.py                      # writes benchmarks/results/compare.{md,png,json}
     python3 benchmarks/compare.py --quick              # a short run for development
+    python3 benchmarks/compare.py --systems torch,engine,bare,"decide stdin" --batches 1,32 --leak-requests 0
+                                                       # the headline rows only (fits a 3-minute quiet slot)
     python3 benchmarks/compare.py --render benchmarks/results/compare.json   # redraw table + plot only
 """
 
@@ -55,17 +60,20 @@ class Entry:
 
     name: str  # e.g. "decide stdin"
     precision: str  # "fp32" or "int8"
-    variant: str
+    variant: str  # the package's variant; PyTorch: "fp32" or "int8" (its dynamic quantization)
     kind: str  # "worker" (in-process contender) or "wire" (decide over stdin/stdout)
     system: str = ""  # worker: contenders.SYSTEMS name
     command: list[str] = field(default_factory=list)  # wire: the decide program
     skipped: str = ""  # why this row has no figures
+    threads: int = 0  # PyTorch rows: its intra-op threads (ORT rows share --threads)
     handle: Any = None
 
     @property
     def label(self) -> str:
-        """Row label, e.g. "decide stdin int8"."""
-        return f"{self.name} {self.precision}"
+        """Row label, e.g. "decide stdin int8-u8s8", "PyTorch eager int8 2t"."""
+        if self.system == "torch":
+            return f"{self.name} {self.precision} {self.threads}t"
+        return f"{self.name} {self.variant if self.variant != '-' else self.precision}"
 
 
 # ----------------------------------------------------------------------------- texts
@@ -108,39 +116,38 @@ def token_stats(package: Package, texts: list[str]) -> dict[str, float]:
 # ----------------------------------------------------------------------------- contenders
 
 def torch_checkpoint(package: Package) -> tuple[Path | None, str]:
-    """The fine-tuned PyTorch model the package was exported from, saved whole for the torch worker.
+    """The package's model in PyTorch, saved whole for the torch worker.
 
-    Loaded once through the factory (models.build.load_finetuned) and cached as a plain
+    Rebuilt from the package's own FP32 graph (benchmarks/torch_model.py), so PyTorch computes
+    with exactly the weights decide serves (max |Δp| vs ORT FP32 ~1e-6), and cached as a plain
     `torch.save(model)` + tokenizer.json, so the worker's cold start is what a user's would be.
-    Returns (folder, "") or (None, why not)."""
-    recipe_data = package.manifest.provenance.get("recipe", {})
-    key = f"{package.manifest.name}-{package.manifest.version}-{package.manifest.tokenizer.sha256[:12]}"
+    Retraining through the factory is no substitute: `python -m models build` does not give the
+    published weights back bit for bit. Returns (folder, "") or (None, why not)."""
+    fp32 = package.manifest.variants.get("fp32")
+    if fp32 is None:
+        return None, "package has no fp32 variant to take the PyTorch weights from"
+    key = f"{package.manifest.name}-{package.manifest.version}-{fp32.file.sha256[:12]}"
     folder = CACHE / "torch" / key
     if (folder / "model.pt").is_file():
         return folder, ""
-    if not recipe_data:
-        return None, f"package {package.manifest.name} has no factory recipe in its provenance"
-    from models.build import load_finetuned
-    from models.recipes import QUICK_RECIPES, RECIPES
-
-    candidates = [r for r in (*RECIPES.values(), *QUICK_RECIPES.values())
-                  if r.name == recipe_data.get("name") and r.version == recipe_data.get("version")]
-    quick = any(r is QUICK_RECIPES.get(r.name) for r in candidates)
-    rebuild = f"python -m models build {package.manifest.name}{' --quick' if quick else ''}"
-    if not candidates:
-        return None, f"no recipe {recipe_data.get('name')} {recipe_data.get('version')} in models/recipes.py"
-    try:
-        model, tokenizer, _labels, pad_id = load_finetuned(candidates[0])
-    except FileNotFoundError as exc:
-        return None, f"fine-tuned checkpoint not in the factory cache ({exc}); produce it with `{rebuild}`"
     import torch
 
+    from benchmarks.torch_model import torch_classifier
+
+    try:
+        model = torch_classifier(package)
+    except (ValueError, KeyError) as exc:
+        return None, f"cannot rebuild the PyTorch model from {fp32.file.file}: {exc}"
     folder.mkdir(parents=True, exist_ok=True)
     torch.save(model, folder / "model.pt")
-    (folder / "tokenizer.json").write_text(tokenizer.to_str(), encoding="utf-8")
-    pad_token = tokenizer.id_to_token(pad_id)
+    tokenizer_file = package.path(package.manifest.tokenizer)
+    (folder / "tokenizer.json").write_bytes(tokenizer_file.read_bytes())
+    from tokenizers import Tokenizer
+
+    pad_token = Tokenizer.from_file(str(tokenizer_file)).id_to_token(package.manifest.pad_id)
     (folder / "meta.json").write_text(json.dumps({"pad_token": pad_token, "max_length": package.manifest.max_length,
-                                                  "recipe": recipe_data}), encoding="utf-8")
+                                                  "weights": f"{fp32.file.file} sha256 {fp32.file.sha256}"}),
+                                      encoding="utf-8")
     return folder, ""
 
 
@@ -164,18 +171,23 @@ def decide_choice(model: Path) -> dict[str, Any]:
     return json.loads(out.stdout)
 
 
-def plan_entries(package: Package, info: dict[str, Any], args: argparse.Namespace,
-                 checkpoint: tuple[Path | None, str], bundle: tuple[list[str], str]) -> list[Entry]:
-    """Every row: which contender, which variant, or why it is skipped."""
+def plan_entries(package: Package, args: argparse.Namespace, checkpoint: tuple[Path | None, str],
+                 bundle: tuple[list[str], str], torch_threads: list[int]) -> list[Entry]:
+    """Every row: which contender, which variant, or why it is skipped.
+
+    Every variant of the package runs (fp32 and each int8 one, not only decide's pick), and
+    PyTorch runs FP32 and its dynamic int8 at each thread count, so each side is at its best."""
     variants = package.manifest.variants
-    chosen = info["choice"]["variant"]
-    int8 = chosen if variants[chosen].precision == "int8" else next(
-        (name for name, v in variants.items() if v.precision == "int8"), None)
-    precisions = [("int8", int8), ("fp32", "fp32" if "fp32" in variants else None)]
     rejected = package.manifest.provenance.get("rejected_variants", {})
     no_int8 = ("package has no int8 variant"
                + (f" (factory gate rejected {', '.join(sorted(rejected))})" if rejected else ""))
-    entries = [Entry(TORCH_NAME, "fp32", "-", "worker", system="torch", skipped=checkpoint[1])]
+    precisions: list[tuple[str, str | None]] = [(v.precision, name) for name, v in variants.items()]
+    if "fp32" not in variants:
+        precisions.append(("fp32", None))
+    if not any(p == "int8" for p, _ in precisions):
+        precisions.append(("int8", None))
+    entries = [Entry(TORCH_NAME, precision, precision, "worker", system="torch", skipped=checkpoint[1], threads=t)
+               for precision in ("fp32", "int8") for t in torch_threads]
     for name, kind, system, command, skipped in (
         ("bare ORT", "worker", "bare", [], ""),
         ("fixed-128 ORT", "worker", "fixed128", [], ""),
@@ -191,12 +203,12 @@ def plan_entries(package: Package, info: dict[str, Any], args: argparse.Namespac
 
 
 def start(entry: Entry, model: Path, threads: int, texts: dict[str, list[str]], texts_file: Path,
-          checkpoint: Path | None, torch_threads: int) -> None:
+          checkpoint: Path | None) -> None:
     """Start the entry's process and wait until it is warm; a failure skips the row with the reason."""
     try:
         if entry.kind == "worker":
             entry.handle = WorkerSystem(entry.system, model, entry.variant if entry.variant != "-" else "fp32",
-                                        torch_threads if entry.system == "torch" else threads, texts_file,
+                                        entry.threads or threads, texts_file,
                                         checkpoint if entry.system == "torch" else None)
         else:
             entry.handle = WireSystem(entry.command, model, entry.variant, texts)
@@ -278,7 +290,7 @@ def agreement(entries: list[Entry], kinds: list[str]) -> dict[str, Any]:
 
 
 def cold_starts(entries: list[Entry], model: Path, threads: int, texts: dict[str, list[str]], texts_file: Path,
-                checkpoint: Path | None, runs: int, torch_threads: int) -> dict[str, dict[str, Any]]:
+                checkpoint: Path | None, runs: int) -> dict[str, dict[str, Any]]:
     """exec → first answer for one short text, fresh process each time, systems alternating."""
     times: dict[str, list[float]] = {}
     line = json.dumps({"text": texts["short"][0]}, ensure_ascii=False).encode("utf-8") + b"\n"
@@ -286,8 +298,8 @@ def cold_starts(entries: list[Entry], model: Path, threads: int, texts: dict[str
         for entry in (e for e in entries if not e.skipped):
             if entry.kind == "worker":
                 command = worker_command(entry.system, model, entry.variant if entry.variant != "-" else "fp32",
-                                         torch_threads if entry.system == "torch" else threads, texts_file, checkpoint if entry.system == "torch" else None,
-                                         cold=True)
+                                         entry.threads or threads, texts_file,
+                                         checkpoint if entry.system == "torch" else None, cold=True)
             else:
                 command = [*entry.command, "--model", str(model), "--variant", entry.variant, "--quiet"]
             started = time.perf_counter()
@@ -361,37 +373,75 @@ def versions() -> dict[str, str]:
     return out
 
 
+def best_torch(report: dict[str, Any], precision: str, cell: str) -> str | None:
+    """Label of the PyTorch row of this precision with the highest throughput in a cell ("short/1")."""
+    rows = [r for r in report["rows"] if r.get("system_kind") == "torch" and r["precision"] == precision
+            and not r["skipped"]]
+    return max(rows, key=lambda r: r["cells"][cell]["items_per_s"])["system"] if rows else None
+
+
+def headline(report: dict[str, Any]) -> dict[str, Any]:
+    """FP32 against FP32, int8 against int8, then across: every ORT row against PyTorch at its best.
+
+    Cells: batch-1 latency and batched throughput (the largest batch) on short and medium texts.
+    PyTorch's thread count is chosen per cell and precision (the faster of those measured), so
+    each ratio compares with PyTorch's best setting for that very workload."""
+    batches = report["settings"]["batches"]
+    cells = [f"{kind}/{b}" for b in dict.fromkeys((1, batches[-1])) for kind in report["texts"]]
+    ratios = {(r["a"], r["b"], f"{r['texts']}/{r['batch']}"): r for r in report["ratios"]}
+    best = {p: {c: best_torch(report, p, c) for c in cells} for p in ("fp32", "int8")}
+    rows = []
+    for row in report["rows"]:
+        if row["skipped"] or row.get("system_kind") == "torch" and row["system"] not in (
+                set(best["fp32"].values()) | set(best["int8"].values())):
+            continue
+        out: dict[str, Any] = {"system": row["system"], "precision": row["precision"], "cells": {}}
+        for cell in cells:
+            figures = row["cells"][cell]
+            entry = {"p50_ms": figures["p50_ms"], "items_per_s": figures["items_per_s"]}
+            for against in ("fp32", "int8"):
+                reference = best[against][cell]
+                r = ratios.get((row["system"], reference, cell)) if reference else None
+                entry[f"vs_torch_{against}"] = r["throughput_ratio"] if r else None
+            out["cells"][cell] = entry
+        rows.append(out)
+    return {"cells": cells, "torch_best": best, "rows": rows}
+
+
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The issue's four targets, each with the measured figure and pass/miss (or why not measured)."""
     ratios = {(r["a"], r["b"], r["texts"], r["batch"]): r for r in report["ratios"]}
+    rows = [r for r in report["rows"] if not r["skipped"]]
     out = []
 
     def add(name: str, goal: str, value: float | None, ok: bool | None, how: str) -> None:
         out.append({"target": name, "goal": goal, "measured": value,
                     "verdict": "n/a" if ok is None else "met" if ok else "MISSED", "how": how})
 
-    for name in ("decide stdin", "decide frozen", "decide in-process"):
-        for precision in ("int8", "fp32"):
-            r = ratios.get((f"{name} {precision}", f"{TORCH_NAME} fp32", "short", 1))
-            if r:
-                goal = "≥ 4×" if precision == "int8" else "(FP32 for reference)"
-                add(f"{name} {precision} vs PyTorch eager FP32, batch 1, short", goal, r["throughput_ratio"],
-                    r["throughput_ratio"] >= 4 if precision == "int8" else None,
-                    f"throughput ratio, median of per-round ratios; CPU time per text {r['cpu_ratio']}× less")
-    for name in ("decide stdin", "decide frozen", "decide in-process"):
-        for precision in ("int8", "fp32"):
-            r = ratios.get((f"{name} {precision}", f"bare ORT {precision}", "short", 1))
-            if r:
-                overhead = round((1 / r["p50_ratio"] - 1) * 100, 1)
-                cpu = round((1 / r["cpu_ratio"] - 1) * 100, 1) if r["cpu_ratio"] else None
-                add(f"{name} {precision} per-request overhead over bare ORT, batch 1, short", "≤ 10%",
-                    overhead, overhead <= 10,
-                    f"p50 latency ratio − 1 (median of per-round ratios); CPU time per request {cpu:+}%")
-    for name in ("decide stdin", "decide in-process"):
+    torch_fp32 = best_torch(report, "fp32", "short/1")
+    decide_rows = [r for r in rows if r["name"] in ("decide stdin", "decide frozen", "decide in-process")]
+    for row in decide_rows:
+        r = ratios.get((row["system"], torch_fp32, "short", 1))
+        if r:
+            int8 = row["precision"] == "int8"
+            add(f"{row['system']} vs {torch_fp32} (PyTorch FP32 at its best), batch 1, short",
+                "≥ 4×" if int8 else "(FP32 for reference)", r["throughput_ratio"], r["throughput_ratio"] >= 4 if int8
+                else None, f"throughput ratio, median of per-round ratios; CPU time per text {r['cpu_ratio']}× less")
+    for row in decide_rows:
+        r = ratios.get((row["system"], f"bare ORT {row['variant']}", "short", 1))
+        if r:
+            overhead = round((1 / r["p50_ratio"] - 1) * 100, 1)
+            cpu = round((1 / r["cpu_ratio"] - 1) * 100, 1) if r["cpu_ratio"] else None
+            add(f"{row['system']} per-request overhead over bare ORT, batch 1, short", "≤ 10%",
+                overhead, overhead <= 10,
+                f"p50 latency ratio − 1 (median of per-round ratios); CPU time per request {cpu:+}%")
+    for row in decide_rows:
+        if row["name"] == "decide frozen" or row["precision"] != "int8":
+            continue
         for kind, batch in (("short", 1), ("medium", 1), ("medium", 32)):
-            r = ratios.get((f"{name} int8", f"{name} fp32", kind, batch))
+            r = ratios.get((row["system"], f"{row['name']} fp32", kind, batch))
             if r:
-                add(f"{name} int8 vs own FP32, {kind}, batch {batch}", "≥ 1.8×", r["throughput_ratio"],
+                add(f"{row['system']} vs own FP32, {kind}, batch {batch}", "≥ 1.8×", r["throughput_ratio"],
                     r["throughput_ratio"] >= 1.8, f"throughput ratio; CPU time per text {r['cpu_ratio']}× less")
     leak = report.get("slow_leak")
     if not any("int8" in t["target"] for t in out):
@@ -416,9 +466,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=0.5, help="time per system per (texts, batch) per round")
     parser.add_argument("--min-calls", type=int, default=1, help="calls per segment at least (slow cells)")
     parser.add_argument("--threads", type=int, default=None, help="threads of every ORT contender (default: decide's)")
-    parser.add_argument("--torch-threads", type=int, default=1,
-                        help="PyTorch intra-op threads (default 1: its fastest setting on a busy 2-core box, "
-                             "where 2 OpenMP threads wait at barriers: 791 vs 61 ms per short text measured)")
+    parser.add_argument("--torch-threads", default="1,2",
+                        help="PyTorch intra-op thread counts, one row each (the headline takes the faster per "
+                             "workload: on a busy 2-core box 2 OpenMP threads can wait at barriers)")
     parser.add_argument("--cold-runs", type=int, default=3)
     parser.add_argument("--leak-requests", type=int, default=100_000)
     parser.add_argument("--systems", default="", help="comma-separated subset (torch,bare,fixed128,engine, or row names)")
@@ -453,14 +503,15 @@ def main() -> int:
           f"load avg {os.getloadavg()[0]:.1f}", file=sys.stderr)
 
     checkpoint = torch_checkpoint(package) if not args.systems or "torch" in args.systems else (None, "not selected")
-    entries = plan_entries(package, info, args, checkpoint, bundle_command(bundle_zip))
+    torch_threads = [int(t) for t in args.torch_threads.split(",")]
+    entries = plan_entries(package, args, checkpoint, bundle_command(bundle_zip), torch_threads)
     with tempfile.TemporaryDirectory(prefix="decide-compare-") as tmp:
         texts_file = Path(tmp) / "texts.json"
         texts_file.write_text(json.dumps(texts, ensure_ascii=False), encoding="utf-8")
         for entry in entries:
             if not entry.skipped:
                 print(f"  starting {entry.label}", file=sys.stderr)
-                start(entry, args.model, threads, texts, texts_file, checkpoint[0], args.torch_threads)
+                start(entry, args.model, threads, texts, texts_file, checkpoint[0])
         try:
             warm_memory = {e.label: e.handle.memory() for e in entries if not e.skipped}
             agree = agreement(entries, kinds)
@@ -471,20 +522,22 @@ def main() -> int:
                 if entry.handle is not None:
                     entry.handle.close()
         print("  cold starts", file=sys.stderr)
-        cold = cold_starts(entries, args.model, threads, texts, texts_file, checkpoint[0], args.cold_runs,
-                           args.torch_threads)
+        cold = cold_starts(entries, args.model, threads, texts, texts_file, checkpoint[0], args.cold_runs)
 
     leak_entry = next((e for e in entries if e.kind == "wire" and not e.skipped and e.name == "decide frozen"
-                       and e.precision == "int8"), None) or next(
+                       and e.variant == info["choice"]["variant"]), None) or next(
         (e for e in entries if e.kind == "wire" and not e.skipped), None)
-    leak: dict[str, Any] = {"skipped": "no decide stdin row ran"}
+    leak: dict[str, Any] = {"skipped": "no decide stdin row ran" if leak_entry is None else "--leak-requests 0"}
     if leak_entry is not None and args.leak_requests > 0:
         print(f"  {args.leak_requests} requests through stdin of {leak_entry.label}", file=sys.stderr)
         leak = slow_leak(leak_entry, args.model, texts, args.leak_requests)
 
     rows = []
     for entry in entries:
-        row: dict[str, Any] = {"system": entry.label, "variant": entry.variant, "skipped": entry.skipped}
+        row: dict[str, Any] = {"system": entry.label, "name": entry.name, "system_kind": entry.system or entry.kind,
+                               "precision": entry.precision, "variant": entry.variant, "skipped": entry.skipped}
+        if entry.threads:
+            row["threads"] = entry.threads
         if not entry.skipped:
             row["load_s"] = entry.handle.load_s
             row["rss_after_warm_up_kb"] = warm_memory[entry.label]["rss_kb"]
@@ -494,10 +547,11 @@ def main() -> int:
             row["cells"] = {f"{kind}/{batch}": summarise(segments[(entry.label, kind, batch)], batch)
                             for kind in kinds for batch in batches}
         rows.append(row)
-    live = [e.label for e in entries if not e.skipped]
-    pairs = [(a, b) for a in live for b in live if a != b and (
-        b == f"{TORCH_NAME} fp32" or b.startswith("bare ORT") and a.endswith(b.split()[-1])
-        or a.endswith("int8") and b == a.replace("int8", "fp32"))]
+    live = [e for e in entries if not e.skipped]
+    # every row against every PyTorch row; each row against bare ORT on its variant; int8 against own FP32
+    pairs = [(a.label, b.label) for a in live for b in live if a is not b and (
+        b.system == "torch" or b.system == "bare" and a.variant == b.variant
+        or a.precision == "int8" and b.name == a.name and b.precision == "fp32" and b.threads == a.threads)]
     report: dict[str, Any] = {
         "model": {"name": package.manifest.name, "version": package.manifest.version, "path": str(args.model),
                   "variants": list(package.manifest.variants), "max_length": package.manifest.max_length},
@@ -505,7 +559,7 @@ def main() -> int:
             [t["name"] for t in info["tiers"] if t["pass"]],
         "cpu": {"arch": info["cpu"]["arch"], "model": cpu_model_name(), "usable_cores": threads,
                 "flags": info["cpu"]["flags"], "source": info["cpu"]["source"]},
-        "threads": threads, "torch_threads": args.torch_threads, "versions": versions(),
+        "threads": threads, "torch_threads": torch_threads, "versions": versions(),
         "texts": {kind: token_stats(package, texts[kind]) for kind in kinds},
         "settings": {"rounds": args.rounds, "seconds": args.seconds, "batches": batches,
                      "cold_runs": args.cold_runs, "leak_requests": args.leak_requests},
@@ -519,6 +573,7 @@ def main() -> int:
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "command": " ".join(["python3", "benchmarks/compare.py", *sys.argv[1:]]),
     }
+    report["headline"] = headline(report)
     report["targets"] = targets(report)
     report["run_seconds"] = round(time.perf_counter() - started, 1)
 

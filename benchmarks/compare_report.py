@@ -36,21 +36,44 @@ def speed_table(report: dict[str, Any], kind: str) -> list[str]:
     return lines
 
 
-def ratio_table(report: dict[str, Any], against: str) -> list[str]:
-    """Throughput of each row over `against`, per text set and batch size (median of round ratios)."""
-    batches = report["settings"]["batches"]
-    kinds = list(report["texts"])
-    index = {(r["a"], r["texts"], r["batch"]): r["throughput_ratio"] for r in report["ratios"] if r["b"] == against}
-    if not index:
+def _cell_title(cell: str) -> str:
+    kind, batch = cell.split("/")
+    return f"{kind} b{batch} " + ("p50 ms" if batch == "1" else "items/s")
+
+
+def headline_tables(report: dict[str, Any]) -> list[str]:
+    """The headline: absolute figures, then FP32 vs FP32, int8 vs int8 and across, against PyTorch at its best."""
+    head = report.get("headline")
+    if not head or not head["rows"]:
         return []
-    head = ["system", *[f"{k} b{b}" for k in kinds for b in batches]]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in report["rows"]:
-        if row["skipped"] or row["system"] == against:
+    cells, best = head["cells"], head["torch_best"]
+    lines = ["PyTorch's thread count is picked per workload and precision (the faster of "
+             f"{', '.join(str(t) for t in report['torch_threads'])} threads); the chosen rows:",
+             ""]
+    for precision in ("fp32", "int8"):
+        picks = ", ".join(f"{c} → {best[precision][c]}" for c in cells if best[precision][c])
+        if picks:
+            lines.append(f"- PyTorch {precision}: {picks}")
+    lines += ["", "| system | " + " | ".join(_cell_title(c) for c in cells) + " |", "|" + "---|" * (len(cells) + 1)]
+    for row in head["rows"]:
+        values = [row["cells"][c]["p50_ms" if c.endswith("/1") else "items_per_s"] for c in cells]
+        lines.append(f"| {row['system']} | " + " | ".join(_num(v, 2 if c.endswith("/1") else 1)
+                                                         for v, c in zip(values, cells)) + " |")
+    groups = (("FP32 vs FP32: speed-up over PyTorch eager FP32 (its best thread count)", "fp32", "fp32"),
+              ("int8 vs int8: speed-up over PyTorch dynamic int8 (its best thread count)", "int8", "int8"),
+              ("Across: int8 rows over PyTorch eager FP32", "int8", "fp32"),
+              ("Across: FP32 rows over PyTorch dynamic int8", "fp32", "int8"))
+    for title, precision, against in groups:
+        rows = [r for r in head["rows"] if r["precision"] == precision
+                and r["system"] not in best[against].values()]
+        if not rows or not any(best[against].values()):
             continue
-        values = [index.get((row["system"], k, b)) for k in kinds for b in batches]
-        if any(v is not None for v in values):
-            lines.append("| " + " | ".join([row["system"], *[_num(v, 2) + "×" if v else "–" for v in values]]) + " |")
+        lines += ["", f"**{title}** (throughput ratio, median of per-round ratios)", "",
+                  "| system | " + " | ".join(c.replace("/", " b") for c in cells) + " |",
+                  "|" + "---|" * (len(cells) + 1)]
+        for row in rows:
+            values = [row["cells"][c][f"vs_torch_{against}"] for c in cells]
+            lines.append(f"| {row['system']} | " + " | ".join(_num(v, 2) + "×" if v else "–" for v in values) + " |")
     return lines
 
 
@@ -64,9 +87,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"Generated {report['date_utc']} UTC by `{report['command']}` in {report['run_seconds']:.0f} s.",
         "",
         f"- CPU: {cpu['model'] or cpu['arch']} ({cpu['arch']}), {cpu['usable_cores']} usable cores; the ORT "
-        f"contenders and decide use {report['threads']} threads, PyTorch {report['torch_threads']} (its fastest "
-        f"setting on this busy box). decide's tier: {report['decide_choice']['tier']}, "
-        f"variant {report['decide_choice']['variant']}.",
+        f"contenders and decide use {report['threads']} threads, PyTorch runs at "
+        f"{' and '.join(str(t) for t in report['torch_threads'])} (one row each). decide's tier: "
+        f"{report['decide_choice']['tier']}, variant {report['decide_choice']['variant']}.",
         f"- CPU flags ({cpu['source']}): {' '.join(cpu['flags'])}",
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + f", decide {report['decide_version']}",
         f"- Load average (1 min) at the end: {report['load_avg_1min_end']} on {cpu['usable_cores']} cores: the "
@@ -78,13 +101,22 @@ def markdown(report: dict[str, Any]) -> str:
         f"medium {texts['medium']['count']} texts, {texts['medium']['min']}–{texts['medium']['max']} tokens "
         f"(median {texts['medium']['median']}).",
         "",
-        "Contenders: **PyTorch eager** = transformers tokenizer + the fine-tuned PyTorch model, FP32, padding "
-        "to the longest text of a batch; **bare ORT** = a plain onnxruntime script on the package's ONNX file "
+        "Contenders: **PyTorch eager** = transformers tokenizer + the package's model in PyTorch (models/"
+        "classifier.py's architecture filled with the FP32 graph's own weights, benchmarks/torch_model.py), "
+        "transformers' default (sdpa) attention, padding to the longest text of a batch: **fp32**, and **int8** = PyTorch's dynamic quantization "
+        "(`torch.ao.quantization.quantize_dynamic`, every nn.Linear, qint8 weights, activation scales per call), "
+        "at each thread count (`Nt`); **bare ORT** = a plain onnxruntime script on the package's ONNX file "
         "(benchmarks/protocol_overhead.py's BareLoop; batches padded to the longest text, as fastembed does); "
         "**fixed-128 ORT** = the same session with every input padded to 128 tokens (julia-1 article §3.1); "
         "**decide in-process** = runtime.engine as `decide` builds it; **decide stdin** = `python -m runtime` "
         "over pipes (batch n = n request lines written at once; latency measured by the client); "
-        "**decide frozen** = the PyInstaller binary from the bundle zip, same way.",
+        "**decide frozen** = the PyInstaller binary from the bundle zip, same way. ORT rows run every variant "
+        "of the package (int8-u8s8 and int8-u8u8: onnxruntime dynamic quantization with fixed calibrated "
+        "activation scales, models/quantize.py).",
+        "",
+        "## Headline",
+        "",
+        *headline_tables(report),
         "",
         "## Targets",
         "",
@@ -97,9 +129,6 @@ def markdown(report: dict[str, Any]) -> str:
     for kind in texts:
         lines += ["", f"## {kind.capitalize()} texts: latency at batch 1, throughput per batch size", "",
                   *speed_table(report, kind)]
-    torch_rows = [r["system"] for r in report["rows"] if r["system"].startswith("PyTorch") and not r["skipped"]]
-    if torch_rows:
-        lines += ["", f"## Throughput relative to {torch_rows[0]}", "", *ratio_table(report, torch_rows[0])]
     lines += ["", "## Memory, start-up, same answers", "",
               "| system | load + warm-up s | RSS after warm-up MB | peak RSS MB | cold exec → first answer ms "
               "(median) | argmax agreement | max abs Δp |",
@@ -150,7 +179,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
         for index, row in enumerate(rows):
             ax.plot(batches, [row["cells"][f"{kind}/{b}"]["p50_ms"] for b in batches], marker="o",
                     color=colours[index % len(colours)],
-                    linestyle="--" if row["system"].endswith("fp32") else "-", label=row["system"])
+                    linestyle="--" if row.get("precision") == "fp32" else "-", label=row["system"])
         ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="p50 latency per call, ms",
                title=f"{kind} texts ({report['texts'][kind]['min']}–{report['texts'][kind]['max']} tokens)")
         ax.set_xticks(batches, [str(b) for b in batches])

@@ -6,8 +6,10 @@ system, then answers JSON-line commands on stdin (run N batches, report RSS, rep
 decide over stdin/stdout (`python -m runtime` or the frozen binary) is driven directly by the
 orchestrator through `WireSystem`, exactly as a user's program would drive it.
 
-Contenders (same model, same texts, same thread count):
-    torch      transformers tokenizer + PyTorch eager FP32, padding to the longest text of a batch
+Contenders (same model, same texts; ORT contenders share one thread count, PyTorch runs at its own):
+    torch      transformers tokenizer + PyTorch eager, padding to the longest text of a batch; variant
+               "fp32", or "int8": PyTorch's own dynamic quantization of every nn.Linear
+               (torch.ao.quantization.quantize_dynamic, qint8 weights, activation scales per call)
     bare       a plain ONNX Runtime script (fastembed's way): benchmarks/protocol_overhead.BareLoop
     fixed128   the same session, every input padded to 128 tokens (the julia-1 article, §3.1)
     engine     decide's engine in-process (runtime.cli.prepare + load_engine, as `decide` builds it)
@@ -65,14 +67,23 @@ def process_cpu_s(pid: int) -> float:
 
 # ----------------------------------------------------------------------------- in-process systems
 
-def torch_system(checkpoint: Path, threads: int) -> Contender:
-    """(a) What a transformers user writes: tokenizer(..., padding=True) → model(**batch) → softmax."""
+def torch_system(checkpoint: Path, variant: str, threads: int) -> Contender:
+    """(a) What a transformers user writes: tokenizer(..., padding=True) → model(**batch) → softmax.
+
+    variant "int8" is the int8 path PyTorch itself offers for CPU inference: quantize_dynamic on
+    every nn.Linear (attention projections, feed-forward, head), done at load as a user would."""
     import torch
     from transformers import PreTrainedTokenizerFast
 
     torch.set_num_threads(threads)
     saved = torch.load(checkpoint / "model.pt", weights_only=False)  # the whole eager module
     model = saved.eval()
+    if variant == "int8":
+        from benchmarks.torch_model import dynamic_int8
+
+        model = dynamic_int8(model)
+    elif variant != "fp32":
+        raise ValueError(f"torch variant {variant!r}: expected fp32 or int8")
     meta = json.loads((checkpoint / "meta.json").read_text(encoding="utf-8"))
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(checkpoint / "tokenizer.json"),
                                         pad_token=meta["pad_token"])
@@ -143,7 +154,7 @@ def make_system(name: str, model: Path, variant: str, threads: int, checkpoint: 
     if name == "torch":
         if checkpoint is None:
             raise ValueError("the torch contender needs --checkpoint")
-        return torch_system(checkpoint, threads)
+        return torch_system(checkpoint, variant, threads)
     if name == "bare":
         return bare_system(model, variant, threads, None)
     if name == "fixed128":

@@ -4,6 +4,7 @@
     python3 benchmarks/int8.py socket      [--model DIR] [--texts 240] [--others 8]
     python3 benchmarks/int8.py speed       [--model DIR] [--threads 1,2] [--rounds 40]
     python3 benchmarks/int8.py accuracy    [--model DIR]
+    python3 benchmarks/int8.py torch       [--model DIR]
 
 determinism: each held-out text alone (batch 1, its own length) vs the same text mixed into
   batches of other texts of varied lengths (random sizes 2–32, shuffled; the engine pads them to
@@ -17,6 +18,9 @@ speed: bare ORT sessions (no tokenizer, no protocol), batch 1, each text at its 
   summed medians. Prints the load average: the box is shared.
 accuracy: held-out split (validation + test of the recipe's split), bare ORT: accuracy,
   macro-F1, worst class-recall drop vs FP32, label agreement with FP32.
+torch: the PyTorch contender of benchmarks/compare.py (the package's FP32 weights in PyTorch, and
+  PyTorch's dynamic int8 of it) next to the package's ORT variants, on the golden texts and the
+  held-out split: accuracy, macro-F1, label agreement and max |Δp| against ORT FP32.
 """
 
 from __future__ import annotations
@@ -233,9 +237,46 @@ def accuracy(model: Path) -> None:
         print(f"{name:<11} {100 * m['accuracy']:>8.2f} {100 * m['macro_f1']:>8.2f} {-worst:>+14.2f} {agree:>8}/{len(y)}")
 
 
+def torch_check(model: Path) -> None:
+    import torch
+    from tokenizers import Tokenizer
+
+    from benchmarks.torch_model import dynamic_int8, torch_classifier, torch_logits
+    from models.evaluate import ort_logits, ort_session, softmax
+    from models.metrics import classification_metrics
+    from runtime.package import read_golden
+
+    torch.set_num_threads(1)
+    package = load_package(model)
+    labels, pad_id = package.manifest.labels, package.manifest.pad_id
+    fp32 = torch_classifier(package)
+    contenders = {"torch fp32": fp32, "torch int8 (dynamic)": dynamic_int8(torch_classifier(package))}
+    tokenizer = Tokenizer.from_file(str(package.path(package.manifest.tokenizer)))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=package.manifest.max_length)
+    golden = read_golden(package)
+    heldout = heldout_examples()
+    for title, texts, gold in (("golden texts", [g["text"] for g in golden], [g["label"] for g in golden]),
+                               ("held-out (validation + test)", [e.text for e in heldout], [e.label for e in heldout])):
+        seqs = [e.ids for e in tokenizer.encode_batch(texts)]
+        y = np.array([labels.index(label) for label in gold])
+        logits = {name: ort_logits(ort_session(package.path(v.file)), seqs, pad_id, name=f"ORT {name}")
+                  for name, v in package.manifest.variants.items()}
+        logits = {f"ORT {name}": value for name, value in logits.items()}
+        logits.update({name: torch_logits(m, seqs, pad_id) for name, m in contenders.items()})
+        reference = softmax(logits["ORT fp32"])
+        print(f"{title}: {len(y)} examples; agreement and max |Δp| against ORT fp32")
+        print(f"{'system':<21} {'accuracy':>8} {'macro-F1':>8} {'agree w/ FP32':>13} {'max |Δp|':>9}")
+        for name, value in logits.items():
+            m = classification_metrics(y, value.argmax(1), labels)
+            agree = int((value.argmax(1) == reference.argmax(1)).sum())
+            dp = float(np.abs(softmax(value) - reference).max())
+            print(f"{name:<21} {100 * m['accuracy']:>8.2f} {100 * m['macro_f1']:>8.2f} {agree:>8}/{len(y):<4} {dp:>9.2e}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("determinism", "socket", "speed", "accuracy"))
+    parser.add_argument("what", choices=("determinism", "socket", "speed", "accuracy", "torch"))
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--texts", type=int, default=None)
     parser.add_argument("--others", type=int, default=8)
@@ -248,6 +289,8 @@ def main() -> int:
         socket_check(args.model, args.texts or 240, args.others)
     elif args.what == "speed":
         speed(args.model, [int(t) for t in args.threads.split(",")], args.rounds)
+    elif args.what == "torch":
+        torch_check(args.model)
     else:
         accuracy(args.model)
     return 0

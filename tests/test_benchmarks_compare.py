@@ -44,8 +44,8 @@ def test_compare_smoke_run(tiny_package_dir: Path, tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     report = json.loads((out / "compare.json").read_text())
     rows = {r["system"]: r for r in report["rows"]}
-    assert set(rows) == {"bare ORT int8", "bare ORT fp32", "decide in-process int8", "decide in-process fp32",
-                         "decide stdin int8", "decide stdin fp32"}
+    assert set(rows) == {"bare ORT int8-u8u8", "bare ORT fp32", "decide in-process int8-u8u8",
+                         "decide in-process fp32", "decide stdin int8-u8u8", "decide stdin fp32"}
     for row in rows.values():
         assert not row["skipped"], row
         assert row["cells"]["short/1"]["items_per_s"] > 0 and row["cells"]["medium/4"]["calls"] >= 3
@@ -54,7 +54,53 @@ def test_compare_smoke_run(tiny_package_dir: Path, tmp_path: Path) -> None:
         done, total = row["agreement"]["argmax_agree"].split("/")
         assert done == total and int(total) > 0
     assert report["slow_leak"]["requests"] == 300
-    assert any(t["target"].startswith("decide stdin int8 per-request overhead") for t in report["targets"])
+    assert any(t["target"].startswith("decide stdin int8-u8u8 per-request overhead") for t in report["targets"])
     table = (out / "compare.md").read_text()
-    assert "| decide stdin int8 |" in table and "CPU flags" in table and f"onnxruntime {metadata.version('onnxruntime')}" in table
+    assert "| decide stdin int8-u8u8 |" in table and "CPU flags" in table and f"onnxruntime {metadata.version('onnxruntime')}" in table
     assert (out / "compare.png").stat().st_size > 10_000
+
+
+def _row(system: str, precision: str, kind: str, speeds: dict[str, float]) -> dict:
+    cells = {cell: {"items_per_s": v, "p50_ms": 1000 / v} for cell, v in speeds.items()}
+    return {"system": system, "name": system.rsplit(" ", 2)[0], "precision": precision, "system_kind": kind,
+            "skipped": "", "cells": cells}
+
+
+def test_headline_takes_pytorch_at_its_best_thread_count_per_workload() -> None:
+    # 1 thread wins at batch 1, 2 threads win batched: each ORT row is compared with the winner of that cell
+    speeds = {"fp32 1t": {"short/1": 50, "short/32": 100}, "fp32 2t": {"short/1": 40, "short/32": 160}}
+    rows = [_row(f"PyTorch eager {k}", "fp32", "torch", v) for k, v in speeds.items()]
+    rows.append(_row("decide in-process fp32", "fp32", "engine", {"short/1": 200, "short/32": 320}))
+    segments = {(r["system"], "short", b): [{"ms": [1000 / r["cells"][f"short/{b}"]["items_per_s"] * b] * 4,
+                                             "wall_s": 4 / r["cells"][f"short/{b}"]["items_per_s"] * b, "cpu_s": 0.0}]
+                for r in rows for b in (1, 32)}
+    report = {"settings": {"batches": [1, 32]}, "texts": {"short": {}}, "rows": rows,
+              "ratios": [compare.ratio(segments, "decide in-process fp32", r["system"], "short", b)
+                         for r in rows[:2] for b in (1, 32)]}
+    head = compare.headline(report)
+    assert head["torch_best"]["fp32"] == {"short/1": "PyTorch eager fp32 1t", "short/32": "PyTorch eager fp32 2t"}
+    decide = next(r for r in head["rows"] if r["system"] == "decide in-process fp32")
+    assert decide["cells"]["short/1"]["vs_torch_fp32"] == 4.0 and decide["cells"]["short/32"]["vs_torch_fp32"] == 2.0
+    assert decide["cells"]["short/1"]["vs_torch_int8"] is None  # no PyTorch int8 row measured
+
+
+def test_pytorch_contender_computes_what_the_package_computes(real_model_dir: Path) -> None:
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from benchmarks.torch_model import dynamic_int8, torch_classifier, torch_logits
+    from models.evaluate import ort_logits, ort_session, softmax
+    from runtime.package import load_package, read_golden
+
+    package = load_package(real_model_dir)
+    tokenizer = Tokenizer.from_file(str(package.path(package.manifest.tokenizer)))
+    seqs = [e.ids for e in tokenizer.encode_batch([g["text"] for g in read_golden(package)])]
+    pad = package.manifest.pad_id
+    onnx_fp32 = softmax(ort_logits(ort_session(package.path(package.manifest.variants["fp32"].file)), seqs, pad))
+    model = torch_classifier(package)
+    # the same weights: PyTorch FP32 equals ORT FP32 up to float rounding
+    assert np.abs(softmax(torch_logits(model, seqs, pad)) - onnx_fp32).max() < 1e-4
+    # PyTorch's dynamic int8 is a real int8 model: close, not equal, same labels on the golden texts
+    int8 = softmax(torch_logits(dynamic_int8(model), seqs, pad))
+    assert 1e-4 < np.abs(int8 - onnx_fp32).max() < 0.5
+    assert (int8.argmax(1) == onnx_fp32.argmax(1)).all()

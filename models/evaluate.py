@@ -228,7 +228,8 @@ def format_evaluation(report: dict) -> str:
         v = variants[name]
         lines.append(f"| {name} | {pct(v['accuracy'])} | {pct(v['macro_f1'])} | {v['calibration']['ece']:.3f}"
                      + (f" (T: {v['calibration']['ece_after_temperature']:.3f})" if "ece_after_temperature" in v["calibration"] else "")
-                     + f" | {pct(v.get('agreement_with_fp32', 1.0))} | {v['latency_batch1']['median_ms']:.2f} / "
+                     + f" | {pct(v.get('agreement_with_fp32', 1.0 if name == 'fp32' else None))}"
+                     + f" | {v['latency_batch1']['median_ms']:.2f} / "
                      f"{v['latency_batch1']['p90_ms']:.2f} |")
     if "by_language" in variants[names[0]]:
         lines += ["", "### Accuracy (%) per language", "", "| language | n | " + " | ".join(names) + " |",

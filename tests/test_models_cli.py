@@ -269,3 +269,22 @@ def test_split_gives_every_language_its_share(tmp_path):
         for label in ("a", "b"):
             counts = [sum(1 for e in held if e.label == label and e.language == lang) for lang in languages]
             assert min(counts) >= 1 and max(counts) <= 2, (name, label, counts)
+
+
+def test_an_int8_variant_evaluated_alone_shows_no_agreement_with_fp32():
+    # `evaluate --variant int8-…` runs no FP32 to compare with: the table says "–", not 100 %
+    from models.evaluate import format_evaluation
+
+    def variant(accuracy, agreement=None):
+        result = {"accuracy": accuracy, "macro_f1": accuracy, "recall": {"leak": accuracy}, "confusions": [],
+                  "calibration": {"ece": 0.03, "coverage": [{"threshold": 0.5, "coverage": 1.0, "accuracy": accuracy}]},
+                  "latency_batch1": {"median_ms": 1.0, "p90_ms": 2.0}}
+        if agreement is not None:
+            result["agreement_with_fp32"] = agreement
+        return result
+
+    report = {"model": "m", "version": "1", "data": "d.csv", "examples": 10, "skipped": {}, "labels": ["leak"]}
+    alone = format_evaluation({**report, "variants": {"int8-u8s8": variant(0.8)}})
+    assert "| int8-u8s8 | 80.0 | 80.0 | 0.030 | – |" in alone
+    both = format_evaluation({**report, "variants": {"fp32": variant(0.9), "int8-u8s8": variant(0.8, 0.9)}})
+    assert "| fp32 | 90.0 | 90.0 | 0.030 | 100.0 |" in both and "| int8-u8s8 | 80.0 | 80.0 | 0.030 | 90.0 |" in both

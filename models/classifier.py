@@ -8,6 +8,8 @@ and is shared by every variant of a package.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from transformers import BertConfig, BertModel
@@ -78,6 +80,38 @@ class PooledHead(nn.Module):
         return self.mlp(torch.cat([states[:, 0], mean, maximum], dim=-1))
 
 
+def masked_mean(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over the real tokens of [batch, seq, hidden] states."""
+    m = mask.unsqueeze(-1).to(states.dtype)
+    return (states * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+def feature_vector(means: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenation of L2-normalised mean vectors, scaled to unit length overall."""
+    parts = [m / m.norm(dim=-1, keepdim=True).clamp(min=1e-6) for m in means]
+    return torch.cat(parts, dim=-1) / math.sqrt(len(parts))
+
+
+class MeanFeatureHead(nn.Module):
+    """mean(layer `tap`) ⊕ mean(last layer), each L2-normalised → linear logits.
+
+    `tap` counts encoder layers (the states after the first `tap` layers); the classifier hands
+    those states in next to the last ones.
+    """
+
+    def __init__(self, hidden: int, num_labels: int, tap: int) -> None:
+        super().__init__()
+        self.tap = tap
+        self.linear = nn.Linear(2 * hidden, num_labels)
+
+    def features(self, tapped: torch.Tensor, states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return feature_vector([masked_mean(tapped, attention_mask), masked_mean(states, attention_mask)])
+
+    def forward(self, states: torch.Tensor, attention_mask: torch.Tensor, tapped: torch.Tensor) -> torch.Tensor:
+        """Logits [batch, num_labels]."""
+        return self.linear(self.features(tapped, states, attention_mask))
+
+
 class TextClassifier(nn.Module):
     """input_ids, attention_mask (int64 [batch, seq]) → logits (float32 [batch, num_labels])."""
 
@@ -90,12 +124,21 @@ class TextClassifier(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Logits for a padded batch."""
+        if isinstance(self.head, MeanFeatureHead):
+            return self.head.linear(self.features(input_ids, attention_mask))
         if self.word_embedding is not None:
             states = self.encoder(inputs_embeds=self.word_embedding(input_ids),
                                   attention_mask=attention_mask).last_hidden_state
         else:
             states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return self.head(states, attention_mask)
+
+    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """What a MeanFeatureHead's linear layer sees: mean(layer tap) ⊕ mean(last layer), normalised."""
+        inputs = ({"inputs_embeds": self.word_embedding(input_ids)} if self.word_embedding is not None
+                  else {"input_ids": input_ids})
+        hidden = self.encoder(**inputs, attention_mask=attention_mask, output_hidden_states=True).hidden_states
+        return self.head.features(hidden[self.head.tap], hidden[-1], attention_mask)
 
 
 def student_from(teacher: TextClassifier, layers: list[int], max_positions: int) -> TextClassifier:

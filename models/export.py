@@ -17,7 +17,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from models.classifier import PackedBlockEmbedding, TextClassifier, additive_mask
+from models.classifier import MeanFeatureHead, PackedBlockEmbedding, TextClassifier, additive_mask
 
 OPSET = 17
 SHARED_DATA_FILE = "embeddings.bin"
@@ -65,8 +65,13 @@ class _ExportWrapper(torch.nn.Module):
         else:
             states = model.encoder.embeddings(input_ids=input_ids)
         mask = additive_mask(attention_mask, states.dtype)
-        for layer in model.encoder.encoder.layer:
+        tapped = states
+        for index, layer in enumerate(model.encoder.encoder.layer):
+            if isinstance(model.head, MeanFeatureHead) and index == model.head.tap:
+                tapped = states
             states = self.layer(layer, states, mask)
+        if isinstance(model.head, MeanFeatureHead):
+            return model.head(states, attention_mask, tapped)
         return model.head(states, attention_mask)
 
 

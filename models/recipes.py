@@ -16,11 +16,12 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from models.train import TrainConfig
+from models.train import DistillConfig, TrainConfig
 
 RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILTIN_DATASETS = ("chatterbot-topics", "rotten-tomatoes")
+TRANSFER_TEXTS = ("", "chatterbot-corpus")
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,10 @@ class Recipe:
     text_column: str = "text"
     label_column: str = "label"
     distill_augment: int = 0  # extra augmented copies of each training text the student is distilled on
+    # Feature distillation (models/distill.py): the teacher is frozen e5 (no fine-tune), the student
+    # learns its features on the training texts + augmented copies + `transfer_text`; `teacher` must be None.
+    feature_distill: DistillConfig | None = None
+    transfer_text: str = ""  # unlabelled text for feature distillation: "" or "chatterbot-corpus"
     calibrate: bool = True  # fit a softmax temperature on the validation split
     extra: dict = field(default_factory=dict)
 
@@ -60,7 +65,8 @@ class Recipe:
         for key in ("version", "description", "golden_count", "variants", "calibrate"):
             data.pop(key)
         if stage == "teacher":
-            for key in ("student", "student_layers", "vocab_budget", "distill_augment"):
+            for key in ("student", "student_layers", "vocab_budget", "distill_augment", "feature_distill",
+                        "transfer_text"):
                 data.pop(key)
         return data
 
@@ -85,6 +91,12 @@ def recipe_from_dict(data: dict) -> Recipe:
     values = dict(data)
     values["student"] = _train_config(values["student"])
     values["teacher"] = _train_config(values.get("teacher"))
+    if values.get("feature_distill") is not None:
+        values["feature_distill"] = DistillConfig(**values["feature_distill"])
+        if values["teacher"] is not None:
+            raise ValueError("feature_distill has its own (frozen) teacher: set teacher to null")
+    if values.get("transfer_text", "") not in TRANSFER_TEXTS:
+        raise ValueError(f"transfer_text must be one of {', '.join(map(repr, TRANSFER_TEXTS))}")
     for key in ("student_layers", "variants"):
         if values.get(key) is not None:
             values[key] = tuple(values[key])

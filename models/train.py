@@ -31,6 +31,21 @@ class TrainConfig:
     freeze_layers: int = 0  # bottom encoder layers (and embeddings) kept frozen: cheaper backward
 
 
+@dataclass(frozen=True)
+class DistillConfig:
+    """Hyper-parameters of the feature distillation (recorded in the manifest's provenance)."""
+
+    epochs: int = 3
+    batch_size: int = 32
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    kd_weight: float = 1.0  # weight of the teacher head's soft targets next to the cosine loss
+    temperature: float = 2.0
+    head_reg: float = 1e-4  # L2 of the logistic regression (on W before LOGIT_SCALE)
+    seed: int = 13
+    max_steps: int = 0  # >0 stops early (tiny test runs)
+
+
 def set_seed(seed: int) -> None:
     """Seed python, numpy and torch."""
     random.seed(seed)

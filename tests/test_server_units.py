@@ -121,6 +121,25 @@ def test_queue_gives_each_batch_thread_a_fair_share_and_counts_what_is_in_flight
     assert len(queue.take_batch(max_texts=32, delay_s=0.0, wait_for=lambda: 1, takers=2)) == 3
 
 
+def test_the_batch_delay_waits_only_for_connections_that_sent_recently():
+    """An open but idle connection must not make every batch wait the whole delay for it."""
+    from runtime.listen import ListenAddress
+    from runtime.server import ACTIVE_SENDER_S, ServerConfig, SocketServer
+    from runtime.service import Service
+
+    server = SocketServer(ServerConfig(address=ListenAddress(path="/unused.sock")), Service(), lambda: None)
+    class Sender:  # the one Connection attribute the count reads
+        def __init__(self, last_request: float):
+            self.last_request = last_request
+
+    now = time.monotonic()
+    server.connections = {Sender(now),  # a client in a closed loop
+                          Sender(now - ACTIVE_SENDER_S / 2),
+                          Sender(now - 10 * ACTIVE_SENDER_S),  # gone quiet
+                          Sender(float("-inf"))}  # connected, never sent
+    assert server._active_senders() == 2
+
+
 def test_queue_gathers_requests_arriving_within_the_delay():
     queue = RequestQueue(capacity=16)
     queue.offer(pending(1))

@@ -25,7 +25,7 @@ from models.build import (GOLDEN_FILE, TOKENIZER_FILE, golden_tolerance, swap_in
 from models.calibration import expected_calibration_error
 from models.data import Example
 from models.evaluate import ort_logits, ort_session, select_golden, softmax
-from models.export import OPSET
+from models.export import OPSET, SHARED_DATA_FILE, point_to_shared_data, write_shared_data
 from models.metrics import metrics_by_language
 from models.progress import log
 from models.quantize import VARIANTS_BY_NAME, requantize_package
@@ -166,6 +166,7 @@ def import_hf(hf_dir: Path, out_dir: Path, name: str, data_file: Path | None = N
     staging = staging_dir(out_dir)
     try:
         fp32_path, fusion = _export_fp32(wrapper, config, staging, int(pad_id))
+        shared = share_word_table(fp32_path, int(config.get("vocab_size") or 0))
         (staging / TOKENIZER_FILE).write_text(json.dumps(tokenizer_json, ensure_ascii=False), encoding="utf-8")
         session = ort_session(fp32_path)
         logits = ort_logits(session, seqs, int(pad_id), name="evaluate fp32")
@@ -196,6 +197,7 @@ def import_hf(hf_dir: Path, out_dir: Path, name: str, data_file: Path | None = N
                                      "probs": [round(float(p), 7) for p in golden_probs[i]]}, ensure_ascii=False) + "\n")
         variants = {"fp32": Variant(
             name="fp32", file=file_entry(staging, fp32_path.name), precision="fp32", weights_storage="fp32",
+            data_files=(file_entry(staging, shared),) if shared else (),
             metrics=evaluated,
             golden_tolerance=golden_tolerance(golden_dp["fp32"], "fp32"))}
         provenance = {
@@ -218,7 +220,7 @@ def import_hf(hf_dir: Path, out_dir: Path, name: str, data_file: Path | None = N
         # int8 with fixed calibrated scales, gated against FP32 on the same examples
         requantize_package(staging, [e.text for e in examples], [], gate_examples, names=list(VARIANTS_BY_NAME))
         manifest = load_package(staging).manifest
-        files = [staging / v.file.file for v in manifest.variants.values()]
+        files = sorted({staging / f.file for v in manifest.variants.values() for f in v.files()})
         sizes = {"files_bytes": sum(p.stat().st_size for p in files), "zip9_bytes": zipped_bytes(files)}
         add_manifest_section(staging, "provenance", {**manifest.provenance, "sizes": sizes,
                                                      "build_seconds": round(time.monotonic() - started, 1)})
@@ -233,6 +235,23 @@ def import_hf(hf_dir: Path, out_dir: Path, name: str, data_file: Path | None = N
     log(f"imported into {out_dir} in {time.monotonic() - started:.0f}s: variants {', '.join(published)}; "
         f"gate on {gate_set}")
     return manifest
+
+
+def share_word_table(fp32_path: Path, vocab_rows: int) -> str | None:
+    """Move the word-embedding table (the one [vocab_size, hidden] initializer) out of the FP32 graph
+    into SHARED_DATA_FILE beside it, float32 as it was, and return that file name (None when the
+    table is not found). The int8 variants reference the same file (models/quantize.py keeps
+    external references), so a 250k-piece table is stored once instead of once per variant."""
+    model = onnx.load(str(fp32_path))
+    names = [init.name for init in model.graph.initializer
+             if len(init.dims) == 2 and vocab_rows and init.dims[0] == vocab_rows]
+    if len(names) != 1:
+        log(f"import: word table not found among the initializers ({len(names)} candidates); kept inline")
+        return None
+    layout = write_shared_data(model, names, fp32_path.parent / SHARED_DATA_FILE)
+    point_to_shared_data(model, layout, SHARED_DATA_FILE)
+    onnx.save(model, str(fp32_path))
+    return SHARED_DATA_FILE
 
 
 def _export_fp32(wrapper: torch.nn.Module, config: dict, out_dir: Path, pad_id: int) -> tuple[Path, dict]:

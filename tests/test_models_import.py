@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -66,6 +67,10 @@ def make_hf_folder(path: Path, architecture: str) -> Path:
     return path
 
 
+def hf_vocab_rows(hf: Path) -> int:
+    return json.loads((hf / "config.json").read_text())["vocab_size"]
+
+
 def run_models(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "models", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=600, env=dict(os.environ))
@@ -100,6 +105,14 @@ def test_import_gives_the_transformers_probabilities(tmp_path, architecture):
     from runtime.package import load_package
 
     assert manifest["max_length"] == 40
+    # the word table is stored once, beside the graphs, and every variant references it
+    table = out / "embeddings.bin"
+    assert table.stat().st_size == hf_vocab_rows(hf) * 32 * 4  # float32 rows of hidden size 32, as trained
+    for variant in manifest["variants"].values():
+        assert [f["file"] for f in variant["data_files"]] == ["embeddings.bin"]
+        graph = onnx.load(str(out / variant["file"]["file"]), load_external_data=False)
+        rows = [i for i in graph.graph.initializer if list(i.dims)[:1] == [hf_vocab_rows(hf)]]
+        assert len(rows) == 1 and rows[0].data_location == onnx.TensorProto.EXTERNAL and not rows[0].raw_data
     engine = Engine(load_package(out), "fp32")
     got = np.array([c.probs for c in engine.classify(TEXTS)])
     expected = np.array([probs_of(text) for text in TEXTS])

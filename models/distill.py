@@ -24,21 +24,11 @@ from transformers import BertModel
 
 from models.classifier import MeanFeatureHead, feature_vector, masked_mean
 from models.progress import Progress, log
-from models.train import DistillConfig
+from models.train import DistillConfig, pad_batch
 
 TEACHER_PREFIX = "query: "  # e5's instruction prefix: the teacher's features are computed with it
 TEACHER_TAPS = (6, 12)  # teacher hidden states (1-based layer outputs) whose means form the features
 LOGIT_SCALE = 20.0  # features are unit vectors: logits = scale * (x @ W) + b keeps W small
-
-
-def pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        mask[row, : len(seq)] = 1
-    return ids, mask
 
 
 @torch.no_grad()
@@ -52,7 +42,7 @@ def teacher_features(encoder: BertModel, tokenizer: Tokenizer, texts: list[str],
     progress = Progress(name, len(seqs))
     for start in range(0, len(order), batch_size):
         index = order[start : start + batch_size]
-        ids, mask = pad([seqs[i] for i in index], pad_id)
+        ids, mask = pad_batch([seqs[i] for i in index], pad_id)
         hidden = encoder(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
         out[index] = feature_vector([masked_mean(hidden[t], mask) for t in TEACHER_TAPS]).numpy()
         progress.advance(len(index))
@@ -117,7 +107,7 @@ def student_features(model: nn.Module, sequences: list[list[int]], pad_id: int, 
     out = np.zeros((len(sequences), model.head.linear.in_features), dtype=np.float32)
     for start in range(0, len(order), batch_size):
         index = order[start : start + batch_size]
-        ids, mask = pad([sequences[i] for i in index], pad_id)
+        ids, mask = pad_batch([sequences[i] for i in index], pad_id)
         out[index] = model.features(ids, mask).numpy()
     return out
 
@@ -157,7 +147,7 @@ def distill(model: nn.Module, transfer_seqs: list[list[int]], transfer_features:
         batches = [order[i : i + config.batch_size] for i in range(0, len(order), config.batch_size)]
         rng.shuffle(batches)
         for index in batches:
-            ids, mask = pad([transfer_seqs[i] for i in index], pad_id)
+            ids, mask = pad_batch([transfer_seqs[i] for i in index], pad_id)
             feats = model.features(ids, mask)
             goal = target[index]
             cos = (2.0 - nn.functional.cosine_similarity(feats[:, :half], goal[:, :half], dim=-1)

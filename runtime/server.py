@@ -190,17 +190,21 @@ class RequestQueue:
         and with several `takers` (batch threads) at most a fair share of the requests queued or
         in flight. Taken requests count in flight until `answered`. None when closed and empty."""
         with self.condition:
-            while not self.items and not self.closed:
-                self.condition.wait()
-            if not self.items:
-                return None
-            if delay_s > 0:
-                deadline = time.monotonic() + delay_s
-                while not self.closed and len(self.items) < min(max_texts, wait_for()):
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self.condition.wait(remaining)
+            while True:
+                while not self.items and not self.closed:
+                    self.condition.wait()
+                if not self.items:
+                    return None
+                if delay_s > 0:
+                    deadline = time.monotonic() + delay_s
+                    while not self.closed and len(self.items) < min(max_texts, wait_for()):
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self.condition.wait(remaining)
+                if self.items:
+                    break
+                # another batch thread took everything while this one gathered: wait again
             share = -(-(len(self.items) + self.in_flight) // takers)  # ceil
             batch = [self.items.popleft()]
             texts = len(batch[0].request.texts)

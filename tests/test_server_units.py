@@ -121,6 +121,29 @@ def test_queue_gives_each_batch_thread_a_fair_share_and_counts_what_is_in_flight
     assert len(queue.take_batch(max_texts=32, delay_s=0.0, wait_for=lambda: 1, takers=2)) == 3
 
 
+def test_a_batch_thread_gathering_while_another_takes_everything_waits_again():
+    """Two batch threads both in the gathering delay: the one that wakes second finds the queue
+    empty and must wait for the next request, not fail (it once died with IndexError)."""
+    queue = RequestQueue(capacity=16)
+    queue.offer(pending(1))
+    results: list = []
+
+    def take():
+        results.append(queue.take_batch(max_texts=32, delay_s=0.2, wait_for=lambda: 5, takers=1))
+
+    threads = [threading.Thread(target=take) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.05)  # both are gathering, waiting for 5 requests that will not come
+    last = pending(1)
+    time.sleep(0.4)  # the delay ran out: one thread took the single request, the other waits again
+    assert len(results) == 1 and len(results[0]) == 1
+    queue.offer(last)
+    for thread in threads:
+        thread.join(timeout=5)
+    assert [len(batch) for batch in results] == [1, 1] and results[1] == [last]
+
+
 def test_the_batch_delay_waits_only_for_connections_that_sent_recently():
     """An open but idle connection must not make every batch wait the whole delay for it."""
     from runtime.listen import ListenAddress

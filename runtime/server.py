@@ -20,7 +20,7 @@ Threads and data flow:
   back to the loop, which resolves each request's future; a per-connection writer awaits those
   futures in order. With several threads each takes a fair share of what is queued or in flight,
   so one batch computes while the clients of the other read their answers and send again
-  (16 closed-loop clients: 1,079 → 1,322 req/s with 2 threads, `benchmarks/load.py --engine-ceiling`).
+  (16 closed-loop clients: 1,020 → 1,265 req/s with 2 threads, `benchmarks/load.py --engine-ceiling`).
 - Gathering: requests that pile up while the engine runs form the next batch by themselves. The
   engine additionally waits up to --batch-delay-ms for more, but only when the previous batch
   held several requests (concurrent load) and fewer requests are queued than connections sent

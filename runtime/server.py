@@ -142,7 +142,7 @@ class ServerStats:
 
 
 # ---------------------------------------------------------------------------------------------
-# The queue between the event loop and the engine thread.
+# The queue between the event loop and the batch threads.
 
 
 @dataclass
@@ -156,7 +156,7 @@ class Pending:
 
 
 class RequestQueue:
-    """Bounded FIFO: the loop offers (never blocks), the engine thread takes whole batches."""
+    """Bounded FIFO: the loop offers (never blocks), the batch threads take whole batches."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
@@ -178,7 +178,7 @@ class RequestQueue:
             return True
 
     def close(self) -> None:
-        """Wake the engine thread; take_batch returns None once the queue is empty."""
+        """Wake the batch threads; take_batch returns None once the queue is empty."""
         with self.condition:
             self.closed = True
             self.condition.notify_all()
@@ -371,9 +371,9 @@ class SocketServer:
         self.connection_tasks: set[asyncio.Task] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stop_requested: asyncio.Event | None = None
-        self.queue_space: asyncio.Event | None = None  # set by the engine thread after each take
+        self.queue_space: asyncio.Event | None = None  # set by a batch thread after each take
 
-    # -- engine thread ------------------------------------------------------------------------
+    # -- engine and batch threads -------------------------------------------------------------
 
     def _engine_main(self) -> None:
         """Load and warm the model, then answer batches until the queue is closed."""

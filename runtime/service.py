@@ -110,8 +110,9 @@ def _describe(exc: BaseException) -> str:
 class Service:
     """The request → response core shared by every transport.
 
-    `triage` and `encode` run on the transport's thread, `classify` on one engine thread at a time
-    (the engine is not thread-safe); stats are shared under a lock. A service may start without an
+    `triage` and `encode` run on the transport's thread, `classify` on the transport's batch
+    threads, several at once (the engine only reads its state after load; ORT sessions and the
+    tokenizer take concurrent calls); stats are shared under a lock. A service may start without an
     engine (the socket server answers health "loading") and get it with `attach`.
     """
 

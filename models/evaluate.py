@@ -152,7 +152,8 @@ def evaluate_package(model_dir: Path, data_file: Path, variant: str | None = Non
 
     Per variant: accuracy, macro-F1, per-class recall, the most frequent confusions, a per-language
     table when the file has a `lang` column, calibration (coverage and accuracy at score ≥ 0.5 /
-    0.7 / 0.9, ECE, and ECE after the manifest's temperature when it has one), agreement with
+    0.7 / 0.9, and ECE of the scores the runtime answers — calibrated with the manifest's
+    temperature when it has one — plus ECE without it), agreement with
     FP32, and batch-1 latency. Raises DataError / PackageError on bad input.
     """
     from models.calibration import coverage_table, expected_calibration_error, softmax_t
@@ -197,11 +198,12 @@ def evaluate_package(model_dir: Path, data_file: Path, variant: str | None = Non
             "latency_batch1": _engine_latency_ms(engine, texts, latency_runs),
         }
         if temperature:
-            logits = np.log(np.maximum(probs, 1e-300))
-            scaled = softmax_t(logits, float(temperature))
+            # The engine answers calibrated scores (logits / T); log(p) · T gives back the raw
+            # logits up to a per-row constant, i.e. the scores before calibration.
+            raw = softmax_t(np.log(np.maximum(probs, 1e-300)) * float(temperature))
             result["calibration"].update({"temperature": temperature,
-                                          "ece_after_temperature": round(expected_calibration_error(scaled, y_true), 4),
-                                          "coverage_after_temperature": coverage_table(scaled, y_true)})
+                                          "ece_uncalibrated": round(expected_calibration_error(raw, y_true), 4),
+                                          "coverage_uncalibrated": coverage_table(raw, y_true)})
         if data.has_language:
             result["by_language"] = metrics_by_language(y_true, pred, languages, manifest.labels)["by_language"]
         if name == "fp32":
@@ -222,12 +224,12 @@ def format_evaluation(report: dict) -> str:
     lines = [f"## {report['model']} {report['version']} on {report['data']} ({report['examples']} examples)", ""]
     if report["skipped"]:
         lines += ["skipped: " + ", ".join(f"{n} {why}" for why, n in report["skipped"].items()), ""]
-    lines += ["| variant | accuracy | macro-F1 | ECE | agreement with fp32 | batch-1 latency median / p90 ms |",
+    lines += ["| variant | accuracy | macro-F1 | ECE (calibrated) | agreement with fp32 | batch-1 latency median / p90 ms |",
               "|---|---|---|---|---|---|"]
     for name in names:
         v = variants[name]
         lines.append(f"| {name} | {pct(v['accuracy'])} | {pct(v['macro_f1'])} | {v['calibration']['ece']:.3f}"
-                     + (f" (T: {v['calibration']['ece_after_temperature']:.3f})" if "ece_after_temperature" in v["calibration"] else "")
+                     + (f" (T=1: {v['calibration']['ece_uncalibrated']:.3f})" if "ece_uncalibrated" in v["calibration"] else "")
                      + f" | {pct(v.get('agreement_with_fp32', 1.0 if name == 'fp32' else None))}"
                      + f" | {v['latency_batch1']['median_ms']:.2f} / "
                      f"{v['latency_batch1']['p90_ms']:.2f} |")

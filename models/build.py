@@ -41,7 +41,7 @@ from models.progress import log
 from models.quantize import VARIANTS_BY_NAME, requantize_package
 from models.recipes import Recipe
 from models.train import TrainConfig, cache_lower_states, fit, predict_logits, set_seed
-from models.userdata import NO_LANGUAGE, LoadedData, read_labelled_file, split_examples
+from models.userdata import NO_LANGUAGE, LoadedData, join_loaded, read_labelled_file, split_examples
 from models.vocab import (load_tokenizer_json, select_pieces, tokenizer_from_json,
                           trim_tokenizer_json, unk_rate)
 from runtime.package import MANIFEST_NAME, Manifest, Variant, file_entry, load_package, write_manifest
@@ -84,7 +84,10 @@ def load_examples(recipe: Recipe) -> LoadedData:
     """The recipe's labelled examples: a built-in loader or the user's CSV/JSONL file (validated)."""
     path = recipe.data_path()
     if path is not None:
-        return read_labelled_file(path, recipe.text_column, recipe.label_column)
+        main = read_labelled_file(path, recipe.text_column, recipe.label_column)
+        extra = [read_labelled_file(p, recipe.text_column, recipe.label_column, for_training=False)
+                 for p in recipe.extra_paths()]
+        return join_loaded([main, *extra])
     if recipe.dataset == "chatterbot-topics":
         examples = load_chatterbot_topics()
         source = f"chatterbot-corpus=={metadata.version('chatterbot-corpus')} (BSD-3-Clause)"

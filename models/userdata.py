@@ -244,6 +244,32 @@ def read_labelled_file(path: Path | str, text_column: str = "text", label_column
     return LoadedData(examples, str(path), sha256, len(rows), LANG_COLUMN in columns, has_group, dict(skipped))
 
 
+def join_loaded(parts: list[LoadedData]) -> LoadedData:
+    """Several files' examples as one data set (a recipe's `dataset` + `extra_data`: other writers'
+    rows). A text in two files is kept once; a text under two labels is dropped, as within a file."""
+    if len(parts) == 1:
+        return parts[0]
+    labels_of: dict[str, set[str]] = defaultdict(set)
+    for part in parts:
+        for e in part.examples:
+            labels_of[e.text].add(e.label)
+    skipped: Counter = Counter()
+    for part in parts:
+        skipped.update(part.skipped)
+    examples, seen = [], set()
+    for e in (e for part in parts for e in part.examples):
+        if len(labels_of[e.text]) > 1:
+            skipped["same text under different labels"] += 1
+        elif e.text in seen:
+            skipped["exact duplicate"] += 1
+        else:
+            seen.add(e.text)
+            examples.append(e)
+    sha256 = hashlib.sha256("".join(part.sha256 for part in parts).encode()).hexdigest()
+    return LoadedData(examples, " + ".join(part.source for part in parts), sha256, sum(p.rows for p in parts),
+                      all(p.has_language for p in parts), any(p.has_group for p in parts), dict(skipped))
+
+
 def _units(examples: list[Example], by_group: bool = True) -> list[Example]:
     """One representative example per group (or per example when there is no group)."""
     seen, units = set(), []

@@ -166,6 +166,30 @@ def test_csv_quirks_are_read_and_bad_rows_counted(tmp_path):
     assert [e.label for e in read_labelled_file(tab, for_training=False).examples] == ["x", "y"]
 
 
+def test_a_recipe_joins_its_extra_data_files(tmp_path):
+    # extra_data: other writers' rows join the dataset file; a text in two files counts once,
+    # a text under two labels across files is dropped like within one file
+    from dataclasses import replace
+
+    from models.build import load_examples
+    from models.recipes import load_recipe
+
+    main = write_csv(tmp_path / "main.csv", [[f"motor {i} hot", "overheating", "en"] for i in range(4)]
+                     + [[f"pump {i} leaks", "leak", "en"] for i in range(4)] + [["odd one", "leak", "en"]])
+    extra = write_csv(tmp_path / "extra.csv", [["motor 0 hot", "overheating", "en"], ["odd one", "overheating", "hu"],
+                                               ["olaj folyik", "leak", "hu"]])
+    recipe = replace(load_recipe("machine-alarms"), dataset=str(main), extra_data=(str(extra),))
+    data = load_examples(recipe)
+    assert sorted(e.text for e in data.examples) == sorted([f"motor {i} hot" for i in range(4)]
+                                                           + [f"pump {i} leaks" for i in range(4)] + ["olaj folyik"])
+    assert data.skipped == {"exact duplicate": 1, "same text under different labels": 2}
+    assert data.rows == 12 and " + " in data.source
+    # the extra files' contents are part of what a cached checkpoint was made from
+    before = recipe.fingerprint()
+    write_csv(extra, [["olaj folyik", "leak", "hu"]])
+    assert recipe.fingerprint() != before
+
+
 def test_jsonl_labels_may_be_numbers(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join(json.dumps({"text": f"t{i}", "label": i % 2}) for i in range(10)) + "\n", encoding="utf-8")
@@ -247,6 +271,16 @@ def test_evaluate_json_matches_the_runtime(tiny_package):
     assert fp32["accuracy"] == pytest.approx(expected, abs=1e-4)
     coverage = [row["coverage"] for row in fp32["calibration"]["coverage"]]
     assert coverage == sorted(coverage, reverse=True)
+    # ECE is that of the scores the runtime answers (temperature applied once); the uncalibrated
+    # figure is that of the same engine without the temperature
+    from models.calibration import expected_calibration_error
+
+    y = np.array([engine.labels.index(label) for _, label, _ in rows])
+    calibrated = np.array([a.probs for a in answers])
+    engine.temperature = 1.0
+    raw = np.array([a.probs for a in engine.classify([text for text, _, _ in rows])])
+    assert fp32["calibration"]["ece"] == pytest.approx(expected_calibration_error(calibrated, y), abs=1e-4)
+    assert fp32["calibration"]["ece_uncalibrated"] == pytest.approx(expected_calibration_error(raw, y), abs=1e-4)
     assert set(fp32["recall"]) == {"jam", "leak", "overheating"}
     assert all(c["true"] != c["predicted"] for c in fp32["confusions"])
 

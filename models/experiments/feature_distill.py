@@ -9,6 +9,7 @@ Settings are chosen on the val split (common.split_train); test.csv is scored fo
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 
@@ -39,6 +40,7 @@ p.add_argument("--aug", type=int, default=2)
 p.add_argument("--chatter", type=int, default=1)
 p.add_argument("--threads", type=int, default=1)
 p.add_argument("--teacher-only", action="store_true")
+p.add_argument("--extra", default="", help="comma-separated CSV files (text,label,lang) added to the training rows only")
 p.add_argument("--loss", default="features", choices=["features", "soft"],
                help="soft: today's PooledHead student, KD(T=2)*0.7 + CE*0.3 on the teacher LR's logits (CE on the "
                     "true label for labelled rows, the teacher's argmax for the others)")
@@ -48,6 +50,9 @@ set_seed(13)
 clock = Clock()
 
 train, val = split_train()
+for extra in filter(None, args.extra.split(",")):
+    with open(extra, encoding="utf-8") as fh:
+        train += list(csv.DictReader(fh))
 test = load_rows("test.csv")
 texts = {"train": [r["text"] for r in train], "val": [r["text"] for r in val], "test": [r["text"] for r in test]}
 held = set(texts["val"]) | set(texts["test"]) | set(texts["train"])

@@ -16,7 +16,7 @@ speed: bare ORT sessions (no tokenizer, no protocol), batch 1, each text at its 
   short = held-out texts of ≤ 16 tokens, medium = held-out texts joined to 64 tokens. Variants
   interleaved text by text (A, B, C, A, B, C …), median per text, ratio FP32 / variant of the
   summed medians. Prints the load average: the box is shared.
-accuracy: held-out split (validation + test of the recipe's split), bare ORT: accuracy,
+accuracy: the held-out file (--heldout, default the default model's test.csv), bare ORT: accuracy,
   macro-F1, worst class-recall drop vs FP32, label agreement with FP32.
 torch: the PyTorch contender of benchmarks/compare.py (the package's FP32 weights in PyTorch, and
   PyTorch's dynamic int8 of it) next to the package's ORT variants, on the golden texts and the
@@ -40,18 +40,20 @@ import numpy as np
 
 from runtime.package import load_package
 
-DEFAULT_MODEL = REPO / "models" / "topics-multilingual"
+from runtime.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
+
+DEFAULT_MODEL = REPO / DEFAULT_MODEL_DIR  # the embedded default (runtime/appdir.py)
+# Held-out texts of the default: the independent writer's test set (never trained or calibrated on)
+HELDOUT = REPO / "models" / "tasks" / "machine-alarms" / "test.csv"
 SHORT_TOKENS = 16
 MEDIUM_TOKENS = 64
 
 
-def heldout_examples(split_seed: int = 13) -> list:
-    """Validation + test examples of the default recipe's split (never seen in training or calibration)."""
-    from models.data import load_chatterbot_topics
-    from models.userdata import split_examples
+def heldout_examples() -> list:
+    """The labelled held-out texts (--heldout; default: the default model's independent test set)."""
+    from models.userdata import read_labelled_file
 
-    splits = split_examples(load_chatterbot_topics(), split_seed)
-    return list(splits.val) + list(splits.test)
+    return read_labelled_file(HELDOUT, for_training=False).examples
 
 
 def sample_texts(count: int, seed: int = 7) -> list[str]:
@@ -229,7 +231,7 @@ def accuracy(model: Path) -> None:
                                        name=f"evaluate {name}").argmax(1)
         metrics[name] = classification_metrics(y, predictions[name], labels)
     ref = metrics["fp32"]
-    print(f"held-out (validation + test): {len(y)} examples")
+    print(f"held-out ({HELDOUT}): {len(y)} examples")
     print(f"{'variant':<11} {'accuracy':>8} {'macro-F1':>8} {'worst recall Δ':>14} {'agree w/ FP32':>13}")
     for name, m in metrics.items():
         worst = max(100 * (r - m["recall"].get(k, 0.0)) for k, r in ref["recall"].items())
@@ -257,7 +259,7 @@ def torch_check(model: Path) -> None:
     golden = read_golden(package)
     heldout = heldout_examples()
     for title, texts, gold in (("golden texts", [g["text"] for g in golden], [g["label"] for g in golden]),
-                               ("held-out (validation + test)", [e.text for e in heldout], [e.label for e in heldout])):
+                               ("held-out", [e.text for e in heldout], [e.label for e in heldout])):
         seqs = [e.ids for e in tokenizer.encode_batch(texts)]
         y = np.array([labels.index(label) for label in gold])
         logits = {name: ort_logits(ort_session(package.path(v.file)), seqs, pad_id, name=f"ORT {name}")
@@ -278,11 +280,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("determinism", "socket", "speed", "accuracy", "torch"))
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--heldout", type=Path, default=HELDOUT,
+                        help="labelled CSV/JSONL of texts the model never saw (default: %(default)s)")
     parser.add_argument("--texts", type=int, default=None)
     parser.add_argument("--others", type=int, default=8)
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--rounds", type=int, default=40)
     args = parser.parse_args()
+    global HELDOUT
+    HELDOUT = args.heldout
     if args.what == "determinism":
         determinism(args.model, args.texts or 320)
     elif args.what == "socket":

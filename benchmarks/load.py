@@ -11,7 +11,10 @@ the ratio of each row's throughput to it shows what cross-connection micro-batch
     python3 benchmarks/load.py --socket /run/decide.sock        # an already running server
 
 Texts: the package's golden set (real multilingual sentences), cycled; or --texts FILE (JSON lines
-with a "text" field). Stdlib only; the client is one asyncio process.
+with a "text" field). Stdlib only; the client is one asyncio process, or with --client c the
+closed-loop client in benchmarks/loadclient.c (compiled with `cc -O2` on first use), which costs the
+box almost no CPU: on a 2-core machine the Python client's own work takes CPU from the server it
+measures (see the table's "cli cpu" column).
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ from typing import Any
 from runtime.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
 from runtime.service import percentile  # the one nearest-rank percentile of the measuring code
 
-REPO = Path(__file__).resolve().parent.parent
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO / DEFAULT_MODEL_DIR  # the embedded default (runtime/appdir.py)
 
@@ -107,19 +109,48 @@ class Measurement:
     server_rss_mb: float | None = None
 
 
-async def measure_slice(where: str, texts: list[str], into: Measurement, seconds: float, warm_s: float) -> None:
+class CClient:
+    """benchmarks/loadclient.c, built once into a private directory, with the texts it cycles."""
+
+    def __init__(self, texts: list[str], directory: str):
+        source = REPO / "benchmarks" / "loadclient.c"
+        self.binary = os.path.join(directory, "loadclient")
+        built = subprocess.run(["cc", "-O2", "-o", self.binary, str(source)], capture_output=True, text=True)
+        if built.returncode != 0:
+            raise SystemExit(f"--client c: cc could not build {source}:\n{built.stderr}")
+        self.texts_file = os.path.join(directory, "texts.jsonl")
+        with open(self.texts_file, "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(text, ensure_ascii=False) + "\n" for text in texts)
+
+    def run(self, where: str, clients: int, warm_s: float, seconds: float) -> dict[str, Any]:
+        done = subprocess.run([self.binary, where, str(clients), str(warm_s), str(seconds), self.texts_file],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"loadclient failed: {done.stderr.strip()}")
+        return json.loads(done.stdout)
+
+
+async def measure_slice(where: str, texts: list[str], into: Measurement, seconds: float, warm_s: float,
+                        c_client: CClient | None = None) -> None:
     """N clients for warm_s (not measured) + seconds (measured), added to `into`."""
     before = await request(where, {"id": "before", "op": "stats"})
-    measure_from = time.perf_counter() + warm_s
-    stop_at = measure_from + seconds
-    errors: list[str] = []
-    cpu_before = time.process_time()
-    await asyncio.gather(*(client(where, texts, c * 7919, stop_at, measure_from, into.latencies, errors)
-                           for c in range(into.clients)))
-    into.client_cpu_s += time.process_time() - cpu_before
-    into.seconds += time.perf_counter() - measure_from
+    if c_client is not None:
+        result = await asyncio.to_thread(c_client.run, where, into.clients, warm_s, seconds)
+        into.latencies += [us / 1e6 for us in result["latencies_us"]]
+        into.client_cpu_s += result["cpu_s"]
+        into.seconds += result["seconds"]
+        into.errors += result["errors"]
+    else:
+        measure_from = time.perf_counter() + warm_s
+        stop_at = measure_from + seconds
+        errors: list[str] = []
+        cpu_before = time.process_time()
+        await asyncio.gather(*(client(where, texts, c * 7919, stop_at, measure_from, into.latencies, errors)
+                               for c in range(into.clients)))
+        into.client_cpu_s += time.process_time() - cpu_before
+        into.seconds += time.perf_counter() - measure_from
+        into.errors += len(errors)
     after = await request(where, {"id": "after", "op": "stats"})
-    into.errors += len(errors)
     into.batches.update({int(k): v - before["batch_sizes"].get(k, 0) for k, v in after["batch_sizes"].items()})
     into.server_cpu_s += after["cpu_s"] - before["cpu_s"]
     into.server_rss_mb = after.get("rss_mb")
@@ -146,7 +177,8 @@ def summarize(m: Measurement) -> dict[str, Any]:
 
 
 async def run_levels(where: str, texts: list[str], levels: list[int], seconds: float, warm_s: float,
-                     rounds: int, between: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+                     rounds: int, between: Callable[[], None] | None = None,
+                     c_client: CClient | None = None) -> list[dict[str, Any]]:
     """Every level for `seconds`, split into `rounds` interleaved slices (1,2,…,16,1,2,…) so that
     load from other processes on a shared box hits every level alike; `between` runs before each round."""
     measurements = [Measurement(n) for n in levels]
@@ -154,7 +186,7 @@ async def run_levels(where: str, texts: list[str], levels: list[int], seconds: f
         if between is not None:
             between()
         for m in measurements:
-            await measure_slice(where, texts, m, seconds / rounds, warm_s)
+            await measure_slice(where, texts, m, seconds / rounds, warm_s, c_client)
     return [summarize(m) for m in measurements]
 
 
@@ -231,6 +263,9 @@ def main() -> int:
     parser.add_argument("--engine-ceiling", action="store_true",
                         help="also time the bare engine on random batches of the largest client count, "
                              "interleaved with the rounds (needs the server's model: not with --socket/--tcp)")
+    parser.add_argument("--client", choices=("python", "c"), default="python",
+                        help="c: the closed-loop client of benchmarks/loadclient.c (needs cc), which leaves the "
+                             "CPU to the server")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args()
     levels = [int(n) for n in args.clients.split(",") if n.strip()]
@@ -255,7 +290,10 @@ def main() -> int:
             if proc is None:
                 raise SystemExit("--engine-ceiling needs the server this script starts (no --socket/--tcp)")
             ceiling = EngineCeiling(args.model, info, texts, max(levels), args.seconds / args.rounds)
-        rows = asyncio.run(run_levels(where, texts, levels, args.seconds, args.warm, args.rounds, ceiling))
+        c_client = None
+        if args.client == "c":
+            c_client = CClient(texts, stack.enter_context(tempfile.TemporaryDirectory(prefix="decide-loadclient-")))
+        rows = asyncio.run(run_levels(where, texts, levels, args.seconds, args.warm, args.rounds, ceiling, c_client))
     if ceiling is not None:
         for row in rows:
             if row["clients"] == max(levels):
@@ -263,7 +301,7 @@ def main() -> int:
                 row["vs_engine"] = round(row["throughput_rps"] / ceiling.per_s(), 3)
 
     header = (f"model {info['model']['name']} {info['model']['version']}, variant {info['variant']}, "
-              f"{info['threads']} threads, server {info['server']}, {len(texts)} texts cycled, "
+              f"{info['threads']} threads, server {info['server']}, {args.client} client, {len(texts)} texts cycled, "
               f"{args.seconds:g} s per level in {args.rounds} interleaved round(s), {os.cpu_count()} CPUs, load average before/after "
               f"{load_before:.2f}/{os.getloadavg()[0]:.2f} (other processes share these cores)")
     if ceiling is not None:

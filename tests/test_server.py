@@ -372,9 +372,13 @@ def test_health_says_loading_until_warm_and_early_requests_wait(tiny_package_dir
             proc.wait()
 
 
-def test_load_benchmark_reports_every_level(tiny_package_dir):
+@pytest.mark.parametrize("client", ["python", "c"])
+def test_load_benchmark_reports_every_level(tiny_package_dir, client):
+    if client == "c" and shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc): the C load client of benchmarks/loadclient.c is not tested")
     out = subprocess.run([sys.executable, "benchmarks/load.py", "--model", str(tiny_package_dir), "--clients", "1,3",
-                          "--seconds", "0.6", "--warm", "0.1", "--rounds", "2", "--json"], cwd=REPO, capture_output=True, timeout=120)
+                          "--seconds", "0.6", "--warm", "0.1", "--rounds", "2", "--json", "--client", client],
+                         cwd=REPO, capture_output=True, timeout=120)
     assert out.returncode == 0, out.stderr.decode()
     rows = json.loads(out.stdout)["rows"]
     assert [r["clients"] for r in rows] == [1, 3]

@@ -277,6 +277,7 @@ def torch_check(model: Path) -> None:
 
 
 def main() -> int:
+    global HELDOUT
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("determinism", "socket", "speed", "accuracy", "torch"))
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
@@ -287,7 +288,6 @@ def main() -> int:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--rounds", type=int, default=40)
     args = parser.parse_args()
-    global HELDOUT
     HELDOUT = args.heldout
     if args.what == "determinism":
         determinism(args.model, args.texts or 320)

@@ -3,7 +3,7 @@
 The package stores no PyTorch checkpoint, and retraining one (`python -m models build`) is slow
 and need not reproduce the published weights bit for bit. Its FP32 graph holds every weight
 (fp16-stored, cast to FP32 at load, as ORT does), so models.classifier's student architecture
-(BertModel + pooled head + block-quantized word table) is filled from it: PyTorch then computes
+(BertModel + pooled or mean-feature head + block-quantized word table) is filled from it: PyTorch then computes
 what the ONNX graph computes, and any speed difference is the runtime's, not the weights'.
 
 Fused contrib ops map back to the modules they replaced: Attention's packed QKV weight
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from transformers import BertConfig, BertModel
 
-from models.classifier import BlockQuantizedEmbedding, TextClassifier
+from models.classifier import BlockQuantizedEmbedding, MeanFeatureHead, TextClassifier
 from runtime.package import Package
 
 if TYPE_CHECKING:  # onnx is imported only to rebuild a model, not by the benchmark's torch worker
@@ -95,13 +95,38 @@ def torch_classifier(package: Package, variant: str = "fp32") -> TextClassifier:
         state[f"{layer}intermediate.dense.bias"] = weights[gelus[i].input[1]]
     encoder.load_state_dict({k: torch.tensor(v) for k, v in state.items()}, strict=True)
 
-    table = BlockQuantizedEmbedding(torch.tensor(weights["model.word_embedding.codes"]),
-                                    torch.tensor(weights["model.word_embedding.scales"]))
-    model = TextClassifier(encoder, len(package.manifest.labels), table)
+    model = TextClassifier(encoder, len(package.manifest.labels), _word_table(weights))
+    if "model.head.linear.weight" in weights:  # feature-distilled: mean(layer tap) ⊕ mean(last) → linear
+        model.head = MeanFeatureHead(hidden, len(package.manifest.labels), _tap(graph, norms))
     head = {k[len("model.head."):]: torch.tensor(v)
             for k, v in weights.items() if k.startswith("model.head.")}
     model.head.load_state_dict(head, strict=True)
     return model.eval()
+
+
+def _word_table(weights: dict[str, np.ndarray]) -> BlockQuantizedEmbedding:
+    """The block-quantized word table: one int8 code a value, or two 4-bit codes a byte
+    (models.classifier.PackedBlockEmbedding: low nibble = even code + 8, high = odd code + 8)."""
+    if "word_table.packed" in weights:
+        packed = weights["word_table.packed"].astype(np.int16)
+        codes = np.empty((packed.shape[0], 2 * packed.shape[1]), np.int16)
+        codes[:, 0::2], codes[:, 1::2] = (packed & 15) - 8, (packed >> 4) - 8
+        return BlockQuantizedEmbedding(torch.tensor(codes), torch.tensor(weights["word_table.scales"]))
+    return BlockQuantizedEmbedding(torch.tensor(weights["model.word_embedding.codes"]),
+                                   torch.tensor(weights["model.word_embedding.scales"]))
+
+
+def _tap(graph: onnx.GraphProto, norms: list) -> int:
+    """How many layers the head's first mean is taken after: the layer whose output (its second
+    SkipLayerNormalization) also feeds the head's masked mean, not only the next layer."""
+    consumers: dict[str, set[str]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, set()).add(node.op_type)
+    for i in range(len(norms) // 2 - 1):
+        if consumers.get(norms[2 * i + 1].output[0], set()) - {"Attention", "SkipLayerNormalization", "MatMul"}:
+            return i + 1
+    raise ValueError("a mean-feature head, but no layer output feeds it before the last")
 
 
 def dynamic_int8(model: TextClassifier) -> torch.nn.Module:

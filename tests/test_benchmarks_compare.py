@@ -86,6 +86,7 @@ def test_headline_takes_pytorch_at_its_best_thread_count_per_workload() -> None:
 
 def test_pytorch_contender_computes_what_the_package_computes(real_model_dir: Path) -> None:
     import numpy as np
+    import torch
     from tokenizers import Tokenizer
 
     from benchmarks.torch_model import dynamic_int8, torch_classifier, torch_logits
@@ -100,7 +101,11 @@ def test_pytorch_contender_computes_what_the_package_computes(real_model_dir: Pa
     model = torch_classifier(package)
     # the same weights: PyTorch FP32 equals ORT FP32 up to float rounding
     assert np.abs(softmax(torch_logits(model, seqs, pad)) - onnx_fp32).max() < 1e-4
-    # PyTorch's dynamic int8 is a real int8 model: close, not equal, same labels on the golden texts
-    int8 = softmax(torch_logits(dynamic_int8(model), seqs, pad))
-    assert 1e-4 < np.abs(int8 - onnx_fp32).max() < 0.5
-    assert (int8.argmax(1) == onnx_fp32.argmax(1)).all()
+    # PyTorch's dynamic int8 is a real int8 model of the same weights: every nn.Linear replaced by
+    # its dynamic quantized form, not equal to FP32, most golden labels kept. (On machine-alarms
+    # 2.0.0 its per-call activation scales cost 12 points on test.csv — benchmarks/int8.py torch.)
+    quantized = dynamic_int8(torch_classifier(package))
+    assert not any(type(m) is torch.nn.Linear for m in quantized.modules())
+    int8 = softmax(torch_logits(quantized, seqs, pad))
+    assert np.abs(int8 - onnx_fp32).max() > 1e-4
+    assert (int8.argmax(1) == onnx_fp32.argmax(1)).mean() >= 0.6

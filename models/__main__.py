@@ -135,7 +135,8 @@ def run(argv: list[str] | None = None) -> int:
 
     eval_cmd = sub.add_parser("evaluate", help="measure a package on a labelled CSV/JSONL file")
     eval_cmd.add_argument("--model", type=Path, required=True, help="package directory")
-    eval_cmd.add_argument("--data", type=Path, required=True)
+    eval_cmd.add_argument("--data", type=Path, required=True, nargs="+",
+                          help="labelled CSV/JSONL file(s); several are scored as one set")
     eval_cmd.add_argument("--variant", help="only this variant (default: all)")
     eval_cmd.add_argument("--json", action="store_true", help="one JSON document on stdout")
     eval_cmd.add_argument("--text-column", default="text")

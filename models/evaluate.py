@@ -146,7 +146,7 @@ def _engine_latency_ms(engine, texts: list[str], runs: int = 100) -> dict:
             "runs": runs, "threads": engine.settings.threads, "includes": "tokenizer + session.run + softmax"}
 
 
-def evaluate_package(model_dir: Path, data_file: Path, variant: str | None = None, text_column: str = "text",
+def evaluate_package(model_dir: Path, data_file: Path | list[Path], variant: str | None = None, text_column: str = "text",
                      label_column: str = "label", latency_runs: int = 100) -> dict:
     """Metrics of a package's variants on a labelled CSV/JSONL file, measured through the runtime's code.
 
@@ -158,7 +158,7 @@ def evaluate_package(model_dir: Path, data_file: Path, variant: str | None = Non
     """
     from models.calibration import coverage_table, expected_calibration_error, softmax_t
     from models.metrics import classification_metrics, confusion_pairs, metrics_by_language
-    from models.userdata import DataError, read_labelled_file
+    from models.userdata import DataError, join_loaded, read_labelled_file
     from runtime.engine import Engine, SessionSettings
     from runtime.package import MANIFEST_NAME, PackageError, load_package
 
@@ -167,7 +167,9 @@ def evaluate_package(model_dir: Path, data_file: Path, variant: str | None = Non
     names = [variant] if variant else list(manifest.variants)
     if variant and variant not in manifest.variants:
         raise PackageError(f"{model_dir}: no variant {variant!r} (variants: {', '.join(manifest.variants)})")
-    data = read_labelled_file(data_file, text_column, label_column, for_training=False)
+    files = list(data_file) if isinstance(data_file, (list, tuple)) else [data_file]
+    data = join_loaded([read_labelled_file(f, text_column, label_column, for_training=False) for f in files])
+    data_file = " + ".join(map(str, files))
     index = {label: i for i, label in enumerate(manifest.labels)}
     unknown = sorted({e.label for e in data.examples} - set(index))
     if unknown:

@@ -285,6 +285,24 @@ def test_evaluate_json_matches_the_runtime(tiny_package):
     assert all(c["true"] != c["predicted"] for c in fp32["confusions"])
 
 
+def test_evaluate_scores_several_files_as_one_set(tiny_package, tmp_path):
+    out, data = tiny_package
+    rows = tiny_rows()
+    first = write_csv(tmp_path / "a.csv", rows[: len(rows) // 3])
+    second = write_csv(tmp_path / "b.csv", rows[len(rows) // 3:] + rows[:2])  # two rows in both files
+    reports = []
+    for files in ([str(data)], [str(first), str(second)]):
+        result = run_models("evaluate", "--model", str(out), "--data", *files, "--variant", "fp32", "--json",
+                            "--latency-runs", "2")
+        assert result.returncode == 0, result.stderr
+        reports.append(json.loads(result.stdout))
+    whole, joined = reports
+    assert joined["examples"] == whole["examples"] == len(rows)
+    assert joined["skipped"] == {"exact duplicate": 2}
+    assert joined["variants"]["fp32"]["accuracy"] == whole["variants"]["fp32"]["accuracy"]
+    assert joined["variants"]["fp32"]["by_language"] == whole["variants"]["fp32"]["by_language"]
+
+
 def test_evaluate_refuses_labels_the_model_does_not_have(tiny_package, tmp_path):
     out, _ = tiny_package
     other = write_csv(tmp_path / "other.csv", [["motor hot", "fire", "en"]])

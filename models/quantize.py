@@ -407,13 +407,18 @@ MAX_ACCURACY_DROP_POINTS = 0.5
 MAX_MACRO_F1_DROP_POINTS = 0.5
 MAX_RECALL_DROP_POINTS = 3.0
 # selftest's bound on |Δp| vs the variant's own expected outputs (computed on the factory's CPU).
-# Measured spread of the golden runs across MLAS kernel families (benchmarks/kernel_spread.py,
-# native AVX-512 VNNI vs qemu): fp32 1.2e-7 (Haswell) / 4.7e-7 (Nehalem); int8-u8u8 5e-8 (Haswell)
-# / 6.9e-4 (Nehalem: SSE float kernels differ in the last bits and a fixed-scale quantizer turns
-# a value on a rounding edge into one step); int8-u8s8 8.8e-4 on Nehalem and 4.5e-2 on Haswell
-# (VPMADDUBSW saturation: a CPU it is not made for, and selftest rightly fails it there).
-# int8: ~3x the largest legitimate spread; a 2 % error in one weight scale moves outputs ~1e-2.
-EXPECTED_TOLERANCE = {"fp32": 1e-4, "int8-u8u8": 2e-3, "int8-u8s8": 2e-3}
+# Measured spread of the golden runs across MLAS kernel families (the bundle's selftest
+# --all-variants under qemu vs the factory's AVX-512 VNNI box). machine-alarms 2.0.0: fp32
+# <= 4.6e-7 everywhere; int8-u8s8 2.2e-3 on Conroe, Nehalem, SandyBridge, cortex-a53/a72,
+# neoverse-n1 and qemu max (i8mm); int8-u8u8 5e-8 on Haswell (the factory box's own u8u8 kernel),
+# 2.3e-3 on Conroe, Nehalem, SandyBridge and 3.5e-3 on ARM64 (topics-multilingual 1.2.0 had
+# 6.9e-4 / 8.8e-4: this model's head, unit-length features x a large linear layer, makes one
+# quantization step worth more probability). int8-u8s8 on AVX2 without VNNI (VPMADDUBSW
+# saturation) is off by 3.5e-2 on Haswell, a CPU it is not made for: selftest rightly fails it.
+# The corruptions of tests/test_selftest.py (one weight scale 2 % off, one zero point +1) move
+# the outputs by 2.0e-2 to 3.7e-2. int8: 9e-3 = ~2.6x the largest legitimate spread, ~2.3x
+# under the smallest corruption.
+EXPECTED_TOLERANCE = {"fp32": 1e-4, "int8-u8u8": 9e-3, "int8-u8s8": 9e-3}
 
 
 def accuracy_gate(reference: dict, candidate: dict) -> list[str]:

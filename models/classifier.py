@@ -137,8 +137,17 @@ class TextClassifier(nn.Module):
         """What a MeanFeatureHead's linear layer sees: mean(layer tap) ⊕ mean(last layer), normalised."""
         inputs = ({"inputs_embeds": self.word_embedding(input_ids)} if self.word_embedding is not None
                   else {"input_ids": input_ids})
-        hidden = self.encoder(**inputs, attention_mask=attention_mask, output_hidden_states=True).hidden_states
-        return self.head.features(hidden[self.head.tap], hidden[-1], attention_mask)
+        # The tapped states are caught with a hook on layer `tap`, not output_hidden_states: a
+        # module saved whole (torch.save) and loaded again returns hidden_states None in
+        # transformers 5 (seen in benchmarks/compare.py's PyTorch worker).
+        tapped: list[torch.Tensor] = []
+        layer = self.encoder.encoder.layer[self.head.tap - 1]
+        hook = layer.register_forward_hook(lambda _m, _i, out: tapped.append(out[0] if isinstance(out, tuple) else out))
+        try:
+            states = self.encoder(**inputs, attention_mask=attention_mask).last_hidden_state
+        finally:
+            hook.remove()
+        return self.head.features(tapped[0], states, attention_mask)
 
 
 def student_from(teacher: TextClassifier, layers: list[int], max_positions: int) -> TextClassifier:

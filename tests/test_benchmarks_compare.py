@@ -101,6 +101,14 @@ def test_pytorch_contender_computes_what_the_package_computes(real_model_dir: Pa
     model = torch_classifier(package)
     # the same weights: PyTorch FP32 equals ORT FP32 up to float rounding
     assert np.abs(softmax(torch_logits(model, seqs, pad)) - onnx_fp32).max() < 1e-4
+    # ... also saved whole and loaded again, as compare.py hands it to its PyTorch worker
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    reloaded = torch.load(buffer, weights_only=False).eval()
+    assert np.abs(softmax(torch_logits(reloaded, seqs, pad)) - onnx_fp32).max() < 1e-4
     # PyTorch's dynamic int8 is a real int8 model of the same weights: every nn.Linear replaced by
     # its dynamic quantized form, not equal to FP32, most golden labels kept. (On machine-alarms
     # 2.0.0 its per-call activation scales cost 12 points on test.csv — benchmarks/int8.py torch.)

@@ -32,7 +32,7 @@ def manifest_report(package_dir: Path) -> str:
     lines.append(f"| **all** | {manifest.variants[names[0]].metrics['test']['n']} | " + " | ".join(overall) + " |")
 
     lines += ["", "### Variants", "",
-              "| variant | file MB | golden max abs dp (tolerance) | batch-1 latency median / p90 ms | gate |",
+              "| variant | file MB | max abs dp vs FP32 (selftest tolerance) | batch-1 latency median / p90 ms | gate |",
               "|---|---|---|---|---|"]
     for name in names:
         variant = manifest.variants[name]
@@ -40,6 +40,11 @@ def manifest_report(package_dir: Path) -> str:
         gate = variant.metrics.get("gate")
         if gate is None:
             gate_text = "reference"
+        elif "label_agreement_with_fp32" in gate:  # models.quantize.requantize_package's gate
+            gate_text = (f"{'pass' if gate['passed'] else 'FAIL'} (accuracy drop {gate['accuracy_drop_points']:.2f} pt, "
+                         f"macro-F1 drop {gate['macro_f1_drop_points']:.2f} pt, worst recall drop "
+                         f"{gate['worst_recall_drop_points']:.2f} pt, {gate['label_agreement_with_fp32']} of "
+                         f"{gate['examples']} labels as fp32; {gate['set']})")
         elif "macro_f1_drop_points" in gate:  # packages built before the paired gate
             gate_text = (f"pass (macro-F1 drop {gate['macro_f1_drop_points']:.2f} pt, worst recall drop "
                          f"{gate['worst_recall_drop_points']:.2f} pt)")
@@ -47,8 +52,12 @@ def manifest_report(package_dir: Path) -> str:
             gate_text = (f"pass (accuracy drop {gate['accuracy_drop_points']:.2f} pt, agreement with fp32 "
                          f"{100 * gate['agreement']:.1f} %, worst class {gate['worst_class'] or '–'} "
                          f"p = {gate['worst_class_p']:.2f}; {gate['examples']} examples)")
-        lines.append(f"| {name} | {variant.file.bytes / 1e6:.1f} | {variant.metrics['golden_max_abs_dp']:.1e} "
-                     f"({variant.golden_tolerance:.0e}) | {latency['median_ms']} / {latency['p90_ms']} "
+        # fp32: golden texts vs PyTorch; int8 (re-quantized after export): held-out texts vs ORT fp32
+        dp = variant.metrics.get("golden_max_abs_dp", variant.metrics.get("max_abs_dp_vs_ort_fp32_heldout"))
+        dp_text = "–" if dp is None else f"{dp:.1e}"
+        lines.append(f"| {name} | {variant.file.bytes / 1e6:.1f} | {dp_text} "
+                     f"({variant.golden_tolerance:.0e}; own outputs {variant.expected_tolerance or 0:.0e}) | "
+                     f"{latency['median_ms']} / {latency['p90_ms']} "
                      f"({latency['tokens']} tokens, 1 thread) | {gate_text} |")
     shared = {f.file: f.bytes for v in manifest.variants.values() for f in v.data_files}
     for file, size in shared.items():

@@ -101,3 +101,16 @@ def test_tiny_factory_run_produces_a_loadable_package(tmp_path, monkeypatch):
     assert not list(out.glob("*.pt"))
     assert (tmp_path / "cache" / "tiny-topics" / "model.pt").is_file()
     assert manifest.provenance["vocabulary"]["pieces"] < 20000
+
+
+def test_report_reads_every_variant_of_the_committed_default():
+    if not (DEFAULT_PACKAGE / "manifest.json").is_file():
+        pytest.skip("default package not built yet")
+    from models.report import manifest_report
+
+    report = manifest_report(DEFAULT_PACKAGE)
+    package = load_package(DEFAULT_PACKAGE)
+    for name, variant in package.manifest.variants.items():
+        row = next(line for line in report.splitlines() if line.startswith(f"| {name} |"))
+        assert f"own outputs {variant.expected_tolerance:.0e}" in row
+        assert ("reference" in row) == (name == "fp32")

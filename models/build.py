@@ -41,7 +41,8 @@ from models.progress import log
 from models.quantize import VARIANTS_BY_NAME, requantize_package
 from models.recipes import REPO_ROOT, Recipe
 from models.train import TrainConfig, cache_lower_states, fit, predict_logits, set_seed
-from models.userdata import NO_LANGUAGE, LoadedData, join_loaded, read_labelled_file, split_examples
+from models.userdata import (NO_LANGUAGE, LoadedData, check_splittable, join_loaded, read_labelled_file,
+                             split_examples)
 from models.vocab import (load_tokenizer_json, select_pieces, tokenizer_from_json,
                           trim_tokenizer_json, unk_rate)
 from runtime.package import MANIFEST_NAME, Manifest, Variant, file_entry, load_package, write_manifest
@@ -90,7 +91,10 @@ def load_examples(recipe: Recipe) -> LoadedData:
         for part in (main, *extra):  # a recipe's own files are named as in the repository, not this machine
             if Path(part.source).is_relative_to(REPO_ROOT):
                 part.source = str(Path(part.source).relative_to(REPO_ROOT))
-        return join_loaded([main, *extra])
+        joined = join_loaded([main, *extra])
+        if extra:  # a label that only an extra file brings must still be splittable
+            check_splittable(joined.examples, joined.has_group, joined.source, recipe.label_column)
+        return joined
     if recipe.dataset == "chatterbot-topics":
         examples = load_chatterbot_topics()
         source = f"chatterbot-corpus=={metadata.version('chatterbot-corpus')} (BSD-3-Clause)"

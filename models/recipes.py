@@ -64,7 +64,8 @@ class Recipe:
         if path is not None and path.is_file():  # the same file name with other contents is other data
             data["dataset_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
         if self.extra_data:
-            data["extra_data_sha256"] = [hashlib.sha256(p.read_bytes()).hexdigest() for p in self.extra_paths()]
+            data["extra_data_sha256"] = [hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+                                         for p in self.extra_paths()]  # a missing file: load_examples says so
         for key in ("version", "description", "golden_count", "variants", "calibrate"):
             data.pop(key)
         if stage == "teacher":

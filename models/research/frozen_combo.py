@@ -1,6 +1,6 @@
 """Frozen e5 layer combinations (from frozen_layers.py features) + LR; val temperature -> test calibration."""
 import numpy as np, torch
-from models.experiments.common import *
+from models.research.common import *
 torch.set_num_threads(1)
 F = {k: v.astype(np.float32) for k, v in np.load("/tmp/mx/frozen_layers_query.npz").items()}
 train, val = split_train(); test = load_rows("test.csv")

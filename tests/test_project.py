@@ -15,9 +15,14 @@ PROJECT = "decide-classifier"
 
 
 def python_sources() -> list[Path]:
-    """Every Python file of the checkout (not build outputs)."""
-    return [p for p in REPO.rglob("*.py")
-            if not {"build", "dist", ".git", "__pycache__"} & set(p.relative_to(REPO).parts)]
+    """Every Python file of the project, as git lists it: a walk of the file system would also read
+    a `.venv` inside the checkout, whose packages hold sources in other encodings (big5, latin-1)."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard", "*.py"], capture_output=True, check=False)
+    if listed.returncode != 0:
+        pytest.skip(f"not a git checkout ({listed.stderr.decode(errors='replace').strip()}): cannot list project files")
+    return [REPO / name for name in sorted(set(listed.stdout.decode("utf-8").split("\0"))) if name
+            and (REPO / name).is_file()]
 
 
 def test_the_decide_console_script_is_the_cli() -> None:

@@ -17,7 +17,7 @@ import onnxruntime as ort
 
 from runtime.batching import (DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_TOKENS, PlannedBatch, plan_batches,
                               spread_batches)
-from runtime.package import Package, PackageError, check_golden, verify_files
+from runtime.package import Package, PackageError, verify_golden_file, verify_files
 from runtime.text import DEFAULT_BUCKETS, Encoded, TextEncoder, bucket_lengths, pad_batch
 
 _OPT_LEVELS = {
@@ -115,7 +115,7 @@ class Engine:
         if verify:
             # Refuse tampered or half-copied packages before ORT sees a byte of them.
             verify_files(package, (manifest.tokenizer, *self.variant.files()))
-            check_golden(package)
+            verify_golden_file(package)
         tokenizer_path = package.path(manifest.tokenizer)
         try:
             self.encoder = TextEncoder(tokenizer_path, manifest.max_length, manifest.pad_id)

@@ -273,7 +273,7 @@ def check_manifest_json(data: Any, where: Path | str = MANIFEST_NAME) -> None:
     _check(isinstance(data.get("provenance", {}), dict), where, "provenance", "an object")
 
 
-def check_golden(package: Package) -> None:
+def verify_golden_file(package: Package) -> None:
     """Verify golden.jsonl's checksum and that every line is a golden example: {"text": str,
     "label": one of the labels, "probs": one number per label}; PackageError names the line."""
     entry = package.manifest.golden

@@ -179,7 +179,10 @@ def select(
                 f"variant {variant_override!r} is not in the model package "
                 f"(it has: {', '.join(sorted(available_variants)) or 'none'})"
             )
-        reasons.append(f"variant {variant_override} forced by override")
+        reasons.append(f"variant {variant_override} forced by override"
+                       + ("" if variant_override in tier.variants else
+                          f" (tier {tier.name} never picks it: its kernels on this CPU may differ from "
+                          "the ones its golden outputs were recorded with)"))
         return Choice(tier, variant_override, tuple(reasons), checks)
 
     for name in tier.variants:

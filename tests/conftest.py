@@ -25,6 +25,18 @@ def tiny_package_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def host_tier():
+    """The tier decide picks on this machine: expectations that depend on the CPU's kernels (an
+    int8 variant's own outputs) are keyed by the variants this tier serves."""
+    from runtime.appdir import find_data_dir
+    from runtime.cpu import probe
+    from runtime.tiers import load_platform, select
+
+    features = probe()
+    return select(features, load_platform(find_data_dir("platforms"), features.arch), None).tier
+
+
+@pytest.fixture(scope="session")
 def real_model_dir() -> Path:
     """The default model package; tests using it skip with a reason when it is not built yet."""
     if not (REAL_MODEL / "manifest.json").is_file():

@@ -262,6 +262,8 @@ def info_report(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
         choice = select(features, platform, variants, *overrides(args))
         report["choice"] = {"tier": choice.tier.name, "variant": choice.variant, "reasons": list(choice.reasons)}
         report["numeric_stack"] = stack_for(choice.tier).to_json()
+        if choice.variant is not None:
+            report["abstention"] = package.manifest.abstention_policy(choice.variant).to_json()
     except LegacyStackMissing as exc:
         report["error"] = {"code": "legacy_stack_missing", "message": str(exc)}
         code = EXIT_CPU_UNSUPPORTED
@@ -303,6 +305,11 @@ def format_info(report: dict[str, Any]) -> str:
     if "numeric_stack" in report:
         stack = report["numeric_stack"]
         lines.append(f"numeric stack: {stack['name']}, numpy {stack['numpy']} ({stack['reason']})")
+    if "abstention" in report:
+        policy = report["abstention"]
+        novelty = "none" if policy["novelty_threshold"] is None else f"above {policy['novelty_threshold']:g}"
+        lines.append(f"abstention: negative labels {', '.join(policy['negative_labels']) or 'none'}; unreadable "
+                     f"above {policy['max_unknown_share']:g} unknown characters; novelty {novelty}")
     if "error" in report:
         lines.append(f"error: {report['error']['message']}")
     return "\n".join(lines)

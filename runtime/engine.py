@@ -54,12 +54,14 @@ class EngineLimits:
 
 @dataclass(frozen=True)
 class Classification:
-    """The model's answer for one text."""
+    """The model's answer for one text (before the abstention policy, runtime/abstain.py)."""
 
-    label: str
+    label: str  # the top class, which may be a negative ("not a case") label
     score: float
     probs: tuple[float, ...]  # in manifest label order
     truncated: bool
+    unknown_share: float = 0.0  # share of the text's characters the tokenizer could not read
+    novelty: float | None = None  # the graph's novelty score; None when the package has none
 
 
 def softmax_rows(logits: np.ndarray) -> list[list[float]]:
@@ -134,6 +136,8 @@ class Engine:
         except Exception as exc:  # ORT raises its own exception types (Fail, InvalidGraph, …)
             raise PackageError(f"cannot load {graph_path}: {exc}") from exc
         self.input_names = {i.name for i in self.session.get_inputs()}
+        self.novelty_output = manifest.novelty_output()
+        self.outputs = ["logits"] + ([self.novelty_output] if self.novelty_output else [])
         self._check_graph(graph_path)
         self.warm_up_ms = 0.0
         self._pool = (ThreadPoolExecutor(settings.workers, thread_name_prefix="engine-batch")
@@ -153,6 +157,9 @@ class Engine:
         if isinstance(width, int) and width != len(self.labels):
             raise PackageError(f"{graph_path}: logits has {width} columns but the manifest lists "
                                f"{len(self.labels)} labels")
+        if self.novelty_output and self.novelty_output not in outputs:
+            raise PackageError(f"{graph_path}: the manifest's abstention.novelty.output {self.novelty_output!r} "
+                               f"is not an output of the graph (outputs: {sorted(outputs)})")
 
     def warm_up(self) -> float:
         """Run one batch per length bucket so the first real request pays no first-run cost.
@@ -175,41 +182,47 @@ class Engine:
     def run_padded(self, items: Sequence[Encoded], length: int) -> list[list[float]]:
         """Probabilities (one row per item, manifest label order) for items padded to `length`,
         from one session.run."""
+        return self._run_rows(items, length)[0]
+
+    def _run_rows(self, items: Sequence[Encoded], length: int) -> tuple[list[list[float]], list[float] | None]:
+        """Probabilities and, when the package has one, the novelty score of each item."""
         input_ids, attention_mask = pad_batch(items, length, self.encoder.pad_id)
         feed = {"input_ids": input_ids, "attention_mask": attention_mask}
-        (logits,) = self.session.run(["logits"], {k: v for k, v in feed.items() if k in self.input_names})
+        logits, *novelty = self.session.run(self.outputs, {k: v for k, v in feed.items() if k in self.input_names})
         if self.temperature != 1.0:
             logits = logits / self.temperature
-        return softmax_rows(logits)
+        return softmax_rows(logits), (novelty[0].reshape(-1).tolist() if novelty else None)
 
     def classify_encoded(self, items: Sequence[Encoded]) -> list[Classification]:
         """Classify already tokenized texts, batched by bucket, results in input order."""
         if len(items) == 1:
             # Batch-1 traffic (interactive use) skips the planner: one call at the text's own length.
-            return [self._classification(self.run_padded(items, len(items[0].ids))[0], items[0])]
+            probs, novelty = self._run_rows(items, len(items[0].ids))
+            return [self._classification(probs[0], items[0], novelty[0] if novelty else None)]
         plan = plan_batches(
             [len(item.ids) for item in items], self.buckets, self.limits.max_batch, self.limits.max_batch_tokens
         )
 
-        def run(batch: PlannedBatch) -> list[list[float]]:
+        def run(batch: PlannedBatch) -> tuple[list[list[float]], list[float] | None]:
             batch_items = [items[i] for i in batch.indices]
             # A batch of one needs no padding at all: run it at its own length (a 10-token text
             # padded to 16 would cost ~60% more for nothing). Buckets matter once rows share a shape.
             length = len(batch_items[0].ids) if len(batch_items) == 1 else batch.length
-            return self.run_padded(batch_items, length)
+            return self._run_rows(batch_items, length)
 
         if self._pool is not None:
             plan = spread_batches(plan, self.settings.workers)
         rows_per_batch = self._pool.map(run, plan) if self._pool is not None and len(plan) > 1 else map(run, plan)
         results: dict[int, Classification] = {}
-        for batch, rows in zip(plan, rows_per_batch):
-            for row, index in zip(rows, batch.indices):
-                results[index] = self._classification(row, items[index])
+        for batch, (rows, novelty) in zip(plan, rows_per_batch):
+            for position, (row, index) in enumerate(zip(rows, batch.indices)):
+                results[index] = self._classification(row, items[index], novelty[position] if novelty else None)
         return [results[index] for index in range(len(items))]  # KeyError if the plan lost a text
 
-    def _classification(self, probs: list[float], item: Encoded) -> Classification:
+    def _classification(self, probs: list[float], item: Encoded, novelty: float | None) -> Classification:
         best = max(range(len(probs)), key=probs.__getitem__)
-        return Classification(label=self.labels[best], score=probs[best], probs=tuple(probs), truncated=item.truncated)
+        return Classification(label=self.labels[best], score=probs[best], probs=tuple(probs), truncated=item.truncated,
+                              unknown_share=item.unknown_share, novelty=novelty)
 
     def classify(self, texts: Sequence[str]) -> list[Classification]:
         """Tokenize and classify texts; results in input order."""

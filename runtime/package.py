@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from runtime.abstain import DEFAULT_MAX_UNKNOWN_SHARE, AbstentionPolicy
+
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 
@@ -80,12 +82,30 @@ class Manifest:
     # {"temperature": T, …}: the runtime divides logits by T before the softmax (fitted by the
     # factory on validation data so that scores mean what they say); absent = 1.0
     calibration: dict[str, Any] = field(default_factory=dict)
+    # When an answer is not a decision (runtime/abstain.py): {"negative_labels": [...],
+    # "max_unknown_share": x, "novelty": {"output": name, "thresholds": {variant: t}, …}, …};
+    # absent = no negative labels, no novelty score, the default unreadable threshold
+    abstention: dict[str, Any] = field(default_factory=dict)
     format: int = FORMAT_VERSION
 
     @property
     def temperature(self) -> float:
         """The softmax temperature the scores are calibrated with (1.0 when none was fitted)."""
         return float(self.calibration.get("temperature", 1.0))
+
+    def novelty_output(self) -> str | None:
+        """The graph output holding the novelty score, or None when the package has none."""
+        novelty = self.abstention.get("novelty")
+        return novelty["output"] if novelty else None
+
+    def abstention_policy(self, variant: str, min_score: float | None = None) -> AbstentionPolicy:
+        """The abstention policy of one variant (its novelty threshold), with --min-score."""
+        novelty = self.abstention.get("novelty") or {}
+        threshold = novelty.get("thresholds", {}).get(variant)
+        return AbstentionPolicy(
+            labels=self.labels, negative_labels=frozenset(self.abstention.get("negative_labels", ())),
+            max_unknown_share=float(self.abstention.get("max_unknown_share", DEFAULT_MAX_UNKNOWN_SHARE)),
+            novelty_threshold=None if threshold is None else float(threshold), min_score=min_score)
 
     def to_json(self) -> dict[str, Any]:
         """The manifest as the JSON object stored in manifest.json."""
@@ -131,6 +151,7 @@ class Manifest:
                 description=data.get("description", ""),
                 provenance=data.get("provenance", {}),
                 calibration=_calibration(data.get("calibration")),
+                abstention=dict(data.get("abstention") or {}),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise PackageError(f"malformed manifest: {exc!r}") from exc
@@ -271,6 +292,28 @@ def check_manifest_json(data: Any, where: Path | str = MANIFEST_NAME) -> None:
         _check_file_entry(data["golden"], where, "golden")
     _check(isinstance(data.get("description", ""), str), where, "description", "a string")
     _check(isinstance(data.get("provenance", {}), dict), where, "provenance", "an object")
+    if data.get("abstention") is not None:
+        _check_abstention(data["abstention"], labels, variants, where)
+
+
+def _check_abstention(value: Any, labels: list[str], variants: dict[str, Any], where: str) -> None:
+    """negative_labels: labels of the package, leaving at least one case label; max_unknown_share
+    in (0, 1]; novelty: the graph output's name and a finite threshold for every variant."""
+    _check(isinstance(value, dict), where, "abstention", "an object")
+    negatives = value.get("negative_labels", [])
+    _check(isinstance(negatives, list) and all(n in labels for n in negatives) and len(set(negatives)) == len(negatives)
+           and len(set(negatives)) < len(labels), where, "abstention.negative_labels",
+           "a list of distinct labels of the package, leaving at least one case label")
+    share = value.get("max_unknown_share", DEFAULT_MAX_UNKNOWN_SHARE)
+    _check(_is_number(share) and 0 < share <= 1, where, "abstention.max_unknown_share", "a number in (0, 1]")
+    novelty = value.get("novelty")
+    if novelty is None:
+        return
+    _check(isinstance(novelty, dict) and isinstance(novelty.get("output"), str) and novelty["output"] not in ("", "logits"),
+           where, "abstention.novelty.output", "the name of a graph output other than logits")
+    thresholds = novelty.get("thresholds")
+    _check(isinstance(thresholds, dict) and set(variants) <= set(thresholds) and all(map(_is_number, thresholds.values())),
+           where, "abstention.novelty.thresholds", "a finite number for every variant")
 
 
 def verify_golden_file(package: Package) -> None:

@@ -13,7 +13,10 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
+
+if TYPE_CHECKING:
+    from runtime.abstain import Decision
 
 JsonScalar = Union[str, int, float, bool, None]
 
@@ -206,19 +209,17 @@ def _parse_object(data: dict[str, Any], request_id: JsonScalar, limits: Limits) 
     return ClassifyRequest(request_id, tuple(texts), single=False)
 
 
-def result_json(label: str, score: float, probs: tuple[float, ...], labels: tuple[str, ...],
-                truncated: bool, min_score: float | None = None) -> dict[str, Any]:
-    """One text's result: top label and score, every class probability, truncation flag.
-
-    Below `min_score` the model abstains: "label" is null and "abstained" true; score and scores
-    stay, so a client can still look at what the model leaned to.
-    """
-    abstained = min_score is not None and score < min_score
+def result_json(decision: "Decision", probs: tuple[float, ...], labels: tuple[str, ...],
+                truncated: bool) -> dict[str, Any]:
+    """One text's result: the decision (label, null when abstained), the case label the model
+    leans to and its calibrated score, every class probability, why it abstained, truncation."""
     return {
-        "label": None if abstained else label,
-        "score": round(score, 6),
+        "label": decision.label,
+        "leaning": decision.leaning,
+        "score": round(decision.score, 6),
         "scores": {name: round(p, 6) for name, p in zip(labels, probs)},
-        "abstained": abstained,
+        "abstained": decision.abstained,
+        "reason": decision.reason,
         "truncated": truncated,
     }
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
 
 from runtime import __version__
+from runtime.abstain import REASONS, AbstentionPolicy, decide
 from runtime.protocol import (
     INTERNAL_ERROR,
     ClassifyRequest,
@@ -65,10 +66,11 @@ class Stats:
     engine_calls: int = 0
     engine_ms: float = 0.0
     errors: Counter[str] = field(default_factory=Counter)
+    abstained: Counter[str] = field(default_factory=lambda: Counter({reason: 0 for reason in REASONS}))
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, requests: int = 0, texts: int = 0, engine_calls: int = 0, engine_ms: float = 0.0,
-            error: str | None = None) -> None:
+            error: str | None = None, abstained: Counter[str] | None = None) -> None:
         """Count some work (thread-safe)."""
         with self.lock:
             self.requests += requests
@@ -77,6 +79,8 @@ class Stats:
             self.engine_ms += engine_ms
             if error is not None:
                 self.errors[error] += 1
+            if abstained:
+                self.abstained.update(abstained)
 
     def to_json(self) -> dict[str, Any]:
         """JSON form for the stats op."""
@@ -88,6 +92,7 @@ class Stats:
                 "engine_calls": self.engine_calls,
                 "engine_ms": round(self.engine_ms, 3),
                 "errors": dict(self.errors),
+                "abstained": dict(self.abstained),
             }
 
 
@@ -127,6 +132,7 @@ class Service:
         self.max_text_chars = max_text_chars
         self.engine: "Engine | None" = None
         self.variant: str | None = None
+        self.policy: AbstentionPolicy | None = None
         self.info: dict[str, Any] = {"version": __version__}
         if engine is not None:
             self.attach(engine)
@@ -136,12 +142,14 @@ class Service:
         manifest = engine.package.manifest
         self.max_text_chars = engine.encoder.max_chars
         self.variant = engine.variant.name
+        self.policy = manifest.abstention_policy(self.variant, self.min_score)
         self.info = {
             "version": __version__,
             "model": {"name": manifest.name, "version": manifest.version, "labels": list(manifest.labels),
                       "max_length": manifest.max_length, "max_text_chars": self.max_text_chars},
             "variant": self.variant,
             "min_score": self.min_score,
+            "abstention": self.policy.to_json(),
             "temperature": engine.temperature,
             "limits": self.limits.to_json(),
             "buckets": list(engine.buckets),
@@ -210,15 +218,20 @@ class Service:
         elapsed_ms = round((time.perf_counter() - start) * 1000, 3)
         self.stats.add(engine_ms=elapsed_ms)
         responses: list[Response] = []
+        abstained: Counter[str] = Counter()
         for request, outcome in zip(requests, outcomes):
             if isinstance(outcome, str):
                 responses.append(self.error(request.id, INTERNAL_ERROR, outcome))
                 continue
             clipped = request.clipped or (False,) * len(outcome)
-            items = [result_json(c.label, c.score, c.probs, self.engine.labels, c.truncated or cut, self.min_score)
-                     for c, cut in zip(outcome, clipped)]
+            items = []
+            for result, cut in zip(outcome, clipped):
+                decision = decide(result.probs, self.policy, result.unknown_share, result.novelty)
+                abstained[decision.reason] += decision.abstained
+                items.append(result_json(decision, result.probs, self.engine.labels, result.truncated or cut))
             body = items[0] if request.single else {"results": items}
             responses.append({"id": request.id, **body, "variant": self.variant, "ms": elapsed_ms})
+        self.stats.add(abstained=+abstained)
         return responses
 
     def _run(self, requests: Sequence[ClassifyRequest]) -> list["list[Classification] | str"]:

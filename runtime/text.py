@@ -7,6 +7,7 @@ to the largest shape and never shrinks) while short texts stay cheap.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,10 +58,37 @@ def bucket_for(length: int, buckets: Sequence[int]) -> int:
 
 @dataclass(frozen=True)
 class Encoded:
-    """One tokenized text: ids without padding, and whether truncation cut it."""
+    """One tokenized text: ids without padding, whether truncation cut it, and the share of its
+    characters (spaces aside) that fell into the tokenizer's unknown piece (runtime/abstain.py)."""
 
     ids: tuple[int, ...]
     truncated: bool
+    unknown_share: float = 0.0
+
+
+def unknown_token_id(tokenizer: Tokenizer) -> int | None:
+    """The id the tokenizer's model gives characters it has no piece for (None if it has none)."""
+    model = json.loads(tokenizer.to_str()).get("model", {})
+    if isinstance(model.get("unk_id"), int):  # Unigram
+        return model["unk_id"]
+    token = model.get("unk_token")  # WordLevel, WordPiece, BPE
+    return tokenizer.token_to_id(token) if isinstance(token, str) else None
+
+
+def unknown_share(text: str, ids: Sequence[int], offsets: Sequence[tuple[int, int]],
+                  special: Sequence[int], unk_id: int | None) -> float:
+    """Share of the text's non-space characters (in what the tokens cover) that only the unknown
+    piece covers; 1.0 when no token covers any character (nothing the model could read)."""
+    known = unknown = 0
+    for token, (start, end), is_special in zip(ids, offsets, special):
+        if is_special:
+            continue
+        chars = sum(not c.isspace() for c in text[start:end])
+        if token == unk_id:
+            unknown += max(chars, 1)
+        else:
+            known += chars
+    return 1.0 if known + unknown == 0 else unknown / (known + unknown)
 
 
 class TextEncoder:
@@ -73,6 +101,7 @@ class TextEncoder:
         self.max_length = max_length
         self.max_chars = max_text_chars(max_length)
         self.pad_id = pad_id
+        self.unk_id = unknown_token_id(self.tokenizer)
 
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
         """Tokenize a batch (Rust-side parallel batch encode; one text skips the thread pool).
@@ -82,7 +111,9 @@ class TextEncoder:
             encodings = [self.tokenizer.encode(clipped[0][0])]
         else:
             encodings = self.tokenizer.encode_batch([text for text, _ in clipped])
-        return [Encoded(tuple(e.ids), bool(e.overflowing) or cut) for e, (_, cut) in zip(encodings, clipped)]
+        return [Encoded(tuple(e.ids), bool(e.overflowing) or cut,
+                        unknown_share(text, e.ids, e.offsets, e.special_tokens_mask, self.unk_id))
+                for e, (text, cut) in zip(encodings, clipped)]
 
 
 def pad_batch(items: Sequence[Encoded], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:

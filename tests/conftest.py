@@ -25,6 +25,12 @@ def tiny_package_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_scoped_package_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny package with abstention: a negative label and a novelty output (read-only)."""
+    return tiny_package.build(tmp_path_factory.mktemp("tiny-scoped") / "tiny-scoped", scoped=True)
+
+
+@pytest.fixture(scope="session")
 def host_tier():
     """The tier decide picks on this machine: expectations that depend on the CPU's kernels (an
     int8 variant's own outputs) are keyed by the variants this tier serves."""

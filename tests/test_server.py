@@ -527,7 +527,7 @@ def test_deep_json_and_huge_texts_over_the_socket(tiny_package_dir, socket_dir):
         answers = server.exchange([b'{"id": 1, "text": "rain"}', b"[" * 5000, huge, b'{"id": 3, "text": "server"}'])
         assert [a["id"] for a in answers] == [1, None, "huge", 3]
         assert answers[1]["error"]["code"] == "invalid_json"
-        assert (answers[2]["label"], answers[2]["truncated"]) == ("sports", True)
+        assert (answers[2]["leaning"], answers[2]["reason"], answers[2]["truncated"]) == ("sports", "unreadable", True)
         body = stats(server)
         assert body["peak_rss_mb"] < 400
     finally:

@@ -1,19 +1,22 @@
 """Vocabulary trimming for Unigram (SentencePiece) tokenizers.
 
 e5-small's 250,002-piece XLM-R vocabulary is ~80% of its weights. We keep (a) the special pieces,
-(b) every single-character piece of the scripts the target languages are written in, plus every
-non-letter single character (digits, punctuation, symbols), (c) every piece the training text
-uses, and (d) the most probable remaining pieces of those scripts up to a budget. Unigram
-re-segments text whose pieces were removed into smaller kept pieces, so (b) keeps the
-unknown-piece rate close to the untrimmed tokenizer's. Kept pieces stay in their original order,
-so new id i is old id `kept[i]` and the embedding matrix is `old_embedding[kept]`.
+(b) every single-character piece of the base vocabulary, in every script (digits, punctuation and
+symbols included: 15,396 of them for XLM-R), (c) every piece the training text uses, (d) the most
+probable remaining pieces of the training text's scripts, and (e) a reserved share of the budget
+for the most probable pieces of every other script. Unigram re-segments text whose pieces were
+removed into smaller kept pieces, so (b) means no script the base tokenizer can read becomes
+`<unk>` (a Thai or Hebrew sentence used to become one unknown piece when only the training
+scripts were kept), and (e) keeps words of languages absent from the training data from being
+spelled out letter by letter. Kept pieces stay in their original order, so new id i is old id
+`kept[i]` and the embedding matrix is `old_embedding[kept]`.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import functools
+import json
 import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
@@ -51,26 +54,50 @@ def piece_fits(piece: str, scripts: set[str]) -> bool:
     return all(char_script(c) in scripts or char_script(c) is None for c in piece_chars(piece))
 
 
-def select_pieces(tokenizer_json: dict, train_texts: list[str], budget: int) -> np.ndarray:
-    """Old ids to keep (sorted): specials, single characters, pieces the text uses, then top-scored pieces."""
+# Share of the budget left for the pieces of scripts the training text does not use (e).
+OTHER_SCRIPTS_SHARE = 0.1
+
+
+def select_pieces(tokenizer_json: dict, train_texts: list[str], budget: int,
+                  other_scripts_share: float = OTHER_SCRIPTS_SHARE) -> np.ndarray:
+    """Old ids to keep (sorted): specials, every single character, pieces the text uses, top-scored
+    pieces of the text's scripts, then of every other script (see the module docstring)."""
     vocab = tokenizer_json["model"]["vocab"]
     tokenizer = Tokenizer.from_str(json.dumps(tokenizer_json))
     scripts = text_scripts(train_texts)
     keep = {token["id"] for token in tokenizer_json.get("added_tokens", []) if token["special"]}
     if vocab[-1][0] == "<mask>":
         keep.discard(len(vocab) - 1)  # a classifier never sees the masked-LM token
-    keep |= {i for i, (piece, _) in enumerate(vocab)
-             if len(piece_chars(piece)) == 1 and piece_fits(piece, scripts)}
+    keep |= {i for i, (piece, _) in enumerate(vocab) if len(piece_chars(piece)) == 1 and piece != "<mask>"}
     for encoding in tokenizer.encode_batch(train_texts, add_special_tokens=False):
         keep.update(encoding.ids)
-    if len(keep) < budget:
-        candidates = sorted(
-            (i for i, (piece, _) in enumerate(vocab)
-             if i not in keep and piece != "<mask>" and piece_fits(piece, scripts)),
-            key=lambda i: -vocab[i][1],
-        )
-        keep.update(candidates[: budget - len(keep)])
+    by_score = sorted((i for i, (piece, _) in enumerate(vocab) if i not in keep and piece != "<mask>"),
+                      key=lambda i: -vocab[i][1])
+    own = [i for i in by_score if piece_fits(vocab[i][0], scripts)]
+    others = [i for i in by_score if not piece_fits(vocab[i][0], scripts)]
+    reserve = min(len(others), int(budget * other_scripts_share))
+    keep.update(own[: max(0, budget - reserve - len(keep))])
+    keep.update(others[: max(0, budget - len(keep))])
     return np.array(sorted(keep), dtype=np.int64)
+
+
+def script_probe_texts(tokenizer_json: dict, pieces_per_script: int = 40) -> dict[str, str]:
+    """One probe text per script of the base vocabulary: its most probable multi-character pieces
+    written as words (what a word of that script looks like to the base tokenizer)."""
+    by_script: dict[str, list[str]] = {}
+    for piece, _ in sorted(tokenizer_json["model"]["vocab"], key=lambda item: -item[1]):
+        chars = piece_chars(piece)
+        found = {char_script(c) for c in chars} - {None}
+        if len(chars) > 1 and len(found) == 1:
+            words = by_script.setdefault(found.pop(), [])
+            if len(words) < pieces_per_script:
+                words.append(chars)
+    return {script: " ".join(words) for script, words in sorted(by_script.items())}
+
+
+def unk_rate_by_script(tokenizer: Tokenizer, probes: dict[str, str]) -> dict[str, float]:
+    """Unknown-piece rate of `tokenizer` on each script's probe text (script_probe_texts)."""
+    return {script: round(unk_rate(tokenizer, [text]), 4) for script, text in probes.items()}
 
 
 def trim_tokenizer_json(tokenizer_json: dict, kept: np.ndarray, max_length: int) -> dict:

@@ -100,7 +100,7 @@ def timestamp(rng: random.Random) -> str:
 
 
 def emoji(rng: random.Random) -> str:
-    return "".join(rng.choice(EMOJI) for _ in range(rng.randint(1, 8)))
+    return "".join(rng.choice(EMOJI) for _ in range(rng.randint(2, 8)))
 
 
 def mashing(rng: random.Random) -> str:
@@ -112,7 +112,7 @@ def mashing(rng: random.Random) -> str:
 
 
 def punctuation(rng: random.Random) -> str:
-    return "".join(rng.choice("!?.-_*#~=+/|") for _ in range(rng.randint(1, 12)))
+    return "".join(rng.choice("!?.-_*#~=+/|") for _ in range(rng.randint(3, 12)))
 
 
 def lorem(rng: random.Random) -> str:
@@ -120,7 +120,7 @@ def lorem(rng: random.Random) -> str:
 
 
 def random_chars(rng: random.Random) -> str:
-    return "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(rng.randint(1, 20)))
+    return "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(rng.randint(3, 20)))
 
 
 def mojibake(rng: random.Random, sources: list[str]) -> str:

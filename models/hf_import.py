@@ -28,7 +28,7 @@ from models.evaluate import ort_logits, ort_session, select_golden, softmax
 from models.export import OPSET, SHARED_DATA_FILE, point_to_shared_data, write_shared_data
 from models.metrics import metrics_by_language
 from models.progress import log
-from models.quantize import VARIANTS_BY_NAME, requantize_package
+from models.quantize import DEFAULT_INT8, requantize_package
 from models.userdata import NO_LANGUAGE, DataError, read_labelled_file
 from runtime.package import Manifest, Variant, file_entry, load_package, write_manifest
 
@@ -218,7 +218,7 @@ def import_hf(hf_dir: Path, out_dir: Path, name: str, data_file: Path | None = N
             provenance=provenance)
         write_manifest(staging, manifest)
         # int8 with fixed calibrated scales, gated against FP32 on the same examples
-        requantize_package(staging, [e.text for e in examples], [], gate_examples, names=list(VARIANTS_BY_NAME))
+        requantize_package(staging, [e.text for e in examples], [], gate_examples, names=list(DEFAULT_INT8))
         manifest = load_package(staging).manifest
         files = sorted({staging / f.file for v in manifest.variants.values() for f in v.files()})
         sizes = {"files_bytes": sum(p.stat().st_size for p in files), "zip9_bytes": zipped_bytes(files)}

@@ -40,6 +40,12 @@ TINY_ROWS = {
 TINY_SETTINGS = {"teacher": None, "student_layers": [0, 1], "vocab_budget": 3000, "golden_count": 6,
                  "distill_augment": 0,
                  "student": {"epochs": 6, "batch_size": 8, "lr": 2e-4, "head_lr": 3e-3, "patience": 6}}
+# the conv-attention hybrid (models/hybrid.py) with the pooled head, feature-distilled from frozen e5: same budget
+TINY_HYBRID_SETTINGS = {"teacher": None, "student_layers": None, "vocab_budget": 3000, "golden_count": 6,
+                        "distill_augment": 0, "feature_distill": {"epochs": 3, "batch_size": 8, "lr": 1e-3},
+                        "student_arch": {"kind": "hybrid", "conv_layers": 1, "attention_layers": 1, "kernel": 3,
+                                         "conv_ffn": 256},
+                        "head": "pooled-mlp", "variants": ["fp32", "int8-u8u8", "int8-u8s8", "int8-u8s7"]}
 
 
 def write_csv(path: Path, rows: list[list[str]], delimiter: str = ",", header=("text", "label", "lang")) -> Path:
@@ -348,3 +354,29 @@ def test_an_int8_variant_evaluated_alone_shows_no_agreement_with_fp32():
     assert "| int8-u8s8 | 80.0 | 80.0 | 0.030 | – |" in alone
     both = format_evaluation({**report, "variants": {"fp32": variant(0.9), "int8-u8s8": variant(0.8, 0.9)}})
     assert "| fp32 | 90.0 | 90.0 | 0.030 | 100.0 |" in both and "| int8-u8s8 | 80.0 | 80.0 | 0.030 | 90.0 |" in both
+
+
+def test_a_tiny_hybrid_trains_packages_and_selftests_every_variant(tmp_path):
+    pytest.importorskip("torch")
+    data = write_csv(tmp_path / "alarms.csv", tiny_rows())
+    settings = tmp_path / "hybrid.json"
+    settings.write_text(json.dumps(TINY_HYBRID_SETTINGS))
+    out = tmp_path / "tiny-hybrid"
+    result = run_models("train", "--data", str(data), "--settings", str(settings), "--out", str(out),
+                        env={"DECIDE_FACTORY_CACHE": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    recipe = manifest["provenance"]["recipe"]
+    assert recipe["student_arch"]["kind"] == "hybrid" and recipe["head"] == "pooled-mlp"
+    assert "pooled_head" in manifest["provenance"]["training"]
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(out / "model-fp32.onnx"), load_external_data=False).graph.node}
+    assert {"Conv", "Attention"} <= ops
+    assert "int8-u8s7" in manifest["variants"]
+    # every variant: golden labels, its own outputs alone and batched (int8 determinism), the protocol
+    result = subprocess.run([sys.executable, "-m", "runtime", "selftest", "--model", str(out), "--all-variants"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "FAIL" not in result.stdout and "PASS fp32" in result.stdout
+

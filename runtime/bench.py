@@ -33,7 +33,7 @@ FALLBACK_TEXTS = (
 def bench_texts(engine: Engine) -> tuple[list[str], list[str]]:
     """Short (≤ 16 tokens) and long (~128 tokens) texts from the golden set."""
     pool = [g["text"] for g in read_golden(engine.package)] or list(FALLBACK_TEXTS)
-    counts = [len(e.ids) for e in engine.encoder.encode(pool)]
+    counts = [len(e.ids) for e in engine.encoder.tokenize(pool)]
     short = [t for t, n in zip(pool, counts) if n <= SHORT_TOKENS] or [pool[counts.index(min(counts))]]
     target = min(LONG_TOKENS, engine.encoder.max_length)
     long_texts: list[str] = []
@@ -89,7 +89,7 @@ def run_bench(engine: Engine, batch_sizes: Sequence[int], seconds: float = 2.0) 
             rows.append({"texts": kind, **measure(lambda i: engine.classify(nth(i)), batch_size, seconds)})
 
     fixed = min(LONG_TOKENS, engine.encoder.max_length)
-    encoded_short = engine.encoder.encode(short)
+    encoded_short = engine.encoder.tokenize(short)
     for batch_size in (1, max(batch_sizes)):
         def run_fixed(i: int, size: int = batch_size) -> None:
             items: list[Encoded] = [encoded_short[(i * size + k) % len(encoded_short)] for k in range(size)]

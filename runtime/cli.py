@@ -30,7 +30,9 @@ from runtime.tiers import (
     CpuUnsupported,
     NoUsableVariant,
     OverrideError,
+    PlatformDataError,
     PlatformTiers,
+    Tier,
     check_tiers,
     load_platform,
     select,
@@ -139,6 +141,12 @@ def overrides(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return (args.tier or os.environ.get(ENV_TIER) or None, args.variant or os.environ.get(ENV_VARIANT) or None)
 
 
+def sizes(features: CpuFeatures, tier: Tier, args: argparse.Namespace) -> tuple[int, int]:
+    """(threads, workers): the flags, else the usable cores (affinity and cgroup quota) within the tier's cap."""
+    default = min(features.usable_cores, tier.threads_max or features.usable_cores)
+    return args.threads or default, args.workers or default
+
+
 def prepare(args: argparse.Namespace) -> Setup:
     """CPU → tier → package → variant, the stdlib-only part of every command that runs the model."""
     features = probe()
@@ -152,9 +160,7 @@ def prepare(args: argparse.Namespace) -> Setup:
     for flag in ("threads", "workers"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise UsageError(f"--{flag} must be at least 1")
-    cap = choice.tier.threads_max or features.usable_cores
-    threads = args.threads or min(features.usable_cores, cap)
-    workers = args.workers or min(features.usable_cores, cap)
+    threads, workers = sizes(features, choice.tier, args)
     activate(stack)  # before runtime.engine imports numpy
     if stack.path is not None:
         log.info("numeric stack: %s", stack.reason)
@@ -234,8 +240,8 @@ def info_report(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
         "version": __version__,
         "python": sys.version.split()[0],
         "frozen": bool(getattr(sys, "frozen", False)),
-        "cpu": {"arch": features.arch, "usable_cores": features.usable_cores, "source": features.source,
-                "flags": sorted(features.flags)},
+        "cpu": {"arch": features.arch, "usable_cores": features.usable_cores, "cores_source": features.cores_source,
+                "source": features.source, "flags": sorted(features.flags)},
     }
     code = EXIT_OK
     try:
@@ -261,6 +267,7 @@ def info_report(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
     try:
         choice = select(features, platform, variants, *overrides(args))
         report["choice"] = {"tier": choice.tier.name, "variant": choice.variant, "reasons": list(choice.reasons)}
+        report["threads"], report["workers"] = sizes(features, choice.tier, args)
         report["numeric_stack"] = stack_for(choice.tier).to_json()
         if choice.variant is not None:
             report["abstention"] = package.manifest.abstention_policy(choice.variant).to_json()
@@ -283,7 +290,7 @@ def format_info(report: dict[str, Any]) -> str:
     cpu = report["cpu"]
     lines = [
         f"decide {report['version']} (python {report['python']}{', frozen' if report['frozen'] else ''})",
-        f"cpu: {cpu['arch']}, {cpu['usable_cores']} usable cores, flags from {cpu['source']}",
+        f"cpu: {cpu['arch']}, {cpu['usable_cores']} usable cores from {cpu['cores_source']}, flags from {cpu['source']}",
         "flags: " + " ".join(cpu["flags"]),
     ]
     if "tiers" in report:
@@ -300,7 +307,8 @@ def format_info(report: dict[str, Any]) -> str:
                          f"(variants: {', '.join(model['variants'])})")
     if "choice" in report:
         choice = report["choice"]
-        lines.append(f"choice: tier {choice['tier']}, variant {choice['variant'] or '-'}")
+        lines.append(f"choice: tier {choice['tier']}, variant {choice['variant'] or '-'}, "
+                     f"{report['threads']} threads, {report['workers']} workers")
         lines.extend(f"  - {reason}" for reason in choice["reasons"])
     if "numeric_stack" in report:
         stack = report["numeric_stack"]

@@ -22,6 +22,7 @@ from runtime import __version__
 from runtime.appdir import DEFAULT_MODEL, default_model_dir, find_data_dir
 from runtime.cpu import CpuFeatures, probe
 from runtime.framing import OutputFailed
+from runtime.logs import configure_logging
 from runtime.package import Package, PackageError, load_package
 from runtime.protocol import DEFAULT_MAX_BATCH, DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_TEXTS
 from runtime.stack import LegacyStackMissing, NumericStack, activate, stack_for
@@ -42,10 +43,10 @@ EXIT_OK = 0
 EXIT_INTERNAL = 1  # a bug: one stderr line (DECIDE_DEBUG=1 adds the traceback)
 EXIT_USAGE = 2  # bad arguments, or an override this CPU/package cannot honour
 EXIT_CPU_UNSUPPORTED = 3
-EXIT_PACKAGE = 4  # model package missing, malformed, checksum mismatch, no usable variant
+EXIT_PACKAGE = 4  # model package (or platforms/*.json) missing, malformed, checksum mismatch, no usable variant
 EXIT_SELFTEST_FAILED = 5
 EXIT_OUTPUT_FAILED = 6  # stdout cannot take the answers (full disk, closed, bad fd); not EPIPE
-EXIT_INTERRUPTED = 130  # Ctrl-C before serving started
+EXIT_INTERRUPTED = 130  # a stop signal (Ctrl-C, SIGTERM, SIGQUIT) before serving started
 
 COMMANDS = ("serve", "info", "selftest", "bench")
 ENV_MODEL, ENV_TIER, ENV_VARIANT = "DECIDE_MODEL", "DECIDE_TIER", "DECIDE_VARIANT"
@@ -187,13 +188,14 @@ def load_engine(setup: Setup, args: argparse.Namespace, variant: str | None = No
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve JSON lines on stdin/stdout."""
-    from runtime import server, stdio
+    from runtime import server, signals, stdio
     from runtime.protocol import Limits
 
     if args.max_line_bytes < 1 or args.max_texts < 1 or args.max_batch < 1:
         raise UsageError("--max-line-bytes, --max-texts and --max-batch must be at least 1")
     if args.min_score is not None and not 0.0 < args.min_score <= 1.0:
         raise UsageError(f"--min-score must be in (0, 1], got {args.min_score}")
+    signals.before_serving()  # a HUP or USR1 while the model loads must not end the process
     # Claim stdout before importing numpy/onnxruntime, so nothing they print reaches the wire.
     wire = stdio.protect_stdout(require_stdout=not server.wants_socket(args))
     if server.wants_socket(args):
@@ -391,14 +393,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 HANDLERS = {"serve": cmd_serve, "info": cmd_info, "selftest": cmd_selftest, "bench": cmd_bench}
 
 
-def configure_logging(quiet: bool) -> None:
-    """Logs go to stderr, UTF-8 whatever the locale."""
-    if hasattr(sys.stderr, "reconfigure"):
-        sys.stderr.reconfigure(encoding="utf-8", errors="backslashreplace")
-    logging.basicConfig(stream=sys.stderr, level=logging.WARNING if quiet else logging.INFO,
-                        format="decide: %(message)s")
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the process exit code (see README)."""
     command, rest = split_command(list(sys.argv[1:] if argv is None else argv))
@@ -417,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except (PackageError, NoUsableVariant) as exc:
         log.error("model package error: %s", exc)
+        return EXIT_PACKAGE
+    except PlatformDataError as exc:
+        log.error("platform data error: %s", exc)
         return EXIT_PACKAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

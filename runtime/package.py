@@ -30,8 +30,8 @@ import mmap
 import os
 import re
 import stat
-from collections.abc import Iterable
-from contextlib import closing
+from collections.abc import Iterable, Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -61,7 +61,7 @@ from runtime.safefile import (
 )
 
 __all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FileEntry", "Manifest", "Package", "PackageError", "Variant",
-           "check_external_data", "file_entry", "load_package", "read_golden", "read_manifest", "read_verified",
+           "check_external_data", "file_entry", "json_lines", "load_package", "read_golden", "read_manifest", "read_verified",
            "verify_files", "verify_golden_file", "write_manifest"]
 
 MAX_MANIFEST_BYTES = 4 << 20  # the default model's is 24 KB
@@ -191,50 +191,47 @@ def _package_fd(package: Package) -> int:
         raise PackageError(f"no model package at {package.root} ({exc.strerror or exc})") from exc
 
 
+@contextmanager
+def _opened(package: Package, entry: FileEntry) -> Iterator[int]:
+    """The package directory's fd; opening or reading `entry` below it fails as a PackageError."""
+    path = package.path(entry)
+    dir_fd = _package_fd(package)
+    try:
+        yield dir_fd
+    except FileNotFoundError:
+        raise PackageError(f"model file missing: {path}") from None
+    except FileRefused as exc:
+        raise _refused(package.root, exc) from exc
+    except OSError as exc:  # e.g. permission denied
+        raise PackageError(f"cannot read model file {path}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(dir_fd)
+
+
 def verify_files(package: Package, entries: Iterable[FileEntry]) -> None:
     """Check that each file is a regular file inside the package with the manifest's size and
     sha256; raise PackageError naming the first that is not."""
-    dir_fd = _package_fd(package)
-    try:
-        for entry in entries:
-            path = package.path(entry)
-            try:
-                size, actual = hash_inside(dir_fd, entry.file, entry.bytes)
-            except FileNotFoundError:
-                raise PackageError(f"model file missing: {path}") from None
-            except FileRefused as exc:
-                raise _refused(package.root, exc) from exc
-            except OSError as exc:  # e.g. permission denied
-                raise PackageError(f"cannot read model file {path}: {exc.strerror or exc}") from exc
-            if size != entry.bytes:
-                raise PackageError(f"model file {path} has {size} bytes, manifest says {entry.bytes}")
-            if actual != entry.sha256:
-                raise PackageError(f"checksum mismatch for {path}: sha256 {actual}, manifest says {entry.sha256}")
-    finally:
-        os.close(dir_fd)
+    for entry in entries:
+        path = package.path(entry)
+        with _opened(package, entry) as dir_fd:
+            size, actual = hash_inside(dir_fd, entry.file, entry.bytes)
+        if size != entry.bytes:
+            raise PackageError(f"model file {path} has {size} bytes, manifest says {entry.bytes}")
+        if actual != entry.sha256:
+            raise PackageError(f"checksum mismatch for {path}: sha256 {actual}, manifest says {entry.sha256}")
 
 
 def read_verified(package: Package, entry: FileEntry, cap: int, verify: bool = True) -> bytes:
     """A file read into memory once (at most `cap` bytes), checked against its manifest entry's
     size and sha256 unless verify=False: what is checked is exactly what is used."""
     path = package.path(entry)
-    dir_fd = _package_fd(package)
-    try:
-        with open_inside(dir_fd, entry.file) as (fd, info):
-            if verify and info.st_size != entry.bytes:
-                raise PackageError(f"model file {path} has {info.st_size} bytes, manifest says {entry.bytes}")
-            if info.st_size > cap:
-                raise PackageError(f"model file {path} has {info.st_size} bytes, more than the {cap} allowed")
-            limit = entry.bytes if verify else cap
-            data = b"".join(read_blocks(fd, limit))
-    except FileNotFoundError:
-        raise PackageError(f"model file missing: {path}") from None
-    except FileRefused as exc:
-        raise _refused(package.root, exc) from exc
-    except OSError as exc:
-        raise PackageError(f"cannot read model file {path}: {exc.strerror or exc}") from exc
-    finally:
-        os.close(dir_fd)
+    limit = entry.bytes if verify else cap
+    with _opened(package, entry) as dir_fd, open_inside(dir_fd, entry.file) as (fd, info):
+        if verify and info.st_size != entry.bytes:
+            raise PackageError(f"model file {path} has {info.st_size} bytes, manifest says {entry.bytes}")
+        if info.st_size > cap:
+            raise PackageError(f"model file {path} has {info.st_size} bytes, more than the {cap} allowed")
+        data = b"".join(read_blocks(fd, limit))
     if len(data) > limit or (verify and len(data) != entry.bytes):
         raise PackageError(f"model file {path} changed size while it was read")
     if verify and (actual := hashlib.sha256(data).hexdigest()) != entry.sha256:
@@ -246,23 +243,14 @@ def check_external_data(package: Package, variant: Variant) -> None:
     """Every external-data file the variant's graph names must be one of the variant's listed
     data files (ORT would otherwise load bytes no checksum covers)."""
     graph = package.path(variant.file)
-    dir_fd = _package_fd(package)
     try:
-        with open_inside(dir_fd, variant.file.file) as (fd, info):
+        with _opened(package, variant.file) as dir_fd, open_inside(dir_fd, variant.file.file) as (fd, info):
             if info.st_size == 0:
                 raise PackageError(f"{graph}: not an ONNX graph (empty file)")
             with closing(mmap.mmap(fd, 0, prot=mmap.PROT_READ)) as view:
                 locations = external_data_locations(view)
     except NotOnnx as exc:
         raise PackageError(f"{graph}: not an ONNX graph ({exc})") from exc
-    except FileNotFoundError:
-        raise PackageError(f"model file missing: {graph}") from None
-    except FileRefused as exc:
-        raise _refused(package.root, exc) from exc
-    except OSError as exc:
-        raise PackageError(f"cannot read model file {graph}: {exc.strerror or exc}") from exc
-    finally:
-        os.close(dir_fd)
     folder = PurePosixPath(variant.file.file).parent
     allowed = {entry.file for entry in variant.data_files}
     for location in sorted(locations):
@@ -273,23 +261,31 @@ def check_external_data(package: Package, variant: Variant) -> None:
                                f"{variant.name} in {MANIFEST_NAME}; ORT would load it unchecked")
 
 
+def json_lines(text: str) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of each non-blank line of a JSON-lines text; ValueError (with the
+    line number) for a line that is not JSON."""
+    numbered = ((number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip())
+    for number, line in numbered:
+        try:
+            yield number, json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"line {number}: not JSON ({exc})") from exc
+
+
 def _golden_records(text: str, path: Path, labels: tuple[str, ...]) -> list[dict[str, Any]]:
     """golden.jsonl's examples; PackageError names the first line that is not one."""
     records = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError) as exc:
-            raise PackageError(f"{path} line {number}: not JSON ({exc})") from exc
-        probs = record.get("probs") if isinstance(record, dict) else None
-        if not (isinstance(record, dict) and isinstance(record.get("text"), str) and record.get("label") in labels
-                and isinstance(probs, list) and len(probs) == len(labels)
-                and all(map(is_number, probs))):
-            raise PackageError(f"{path} line {number}: must be an object with \"text\", \"label\" (one of the "
-                               f"{len(labels)} labels) and \"probs\" ({len(labels)} numbers)")
-        records.append(record)
+    try:
+        for number, record in json_lines(text):
+            probs = record.get("probs") if isinstance(record, dict) else None
+            if not (isinstance(record, dict) and isinstance(record.get("text"), str)
+                    and record.get("label") in labels and isinstance(probs, list) and len(probs) == len(labels)
+                    and all(map(is_number, probs))):
+                raise PackageError(f"{path} line {number}: must be an object with \"text\", \"label\" (one of "
+                                   f"the {len(labels)} labels) and \"probs\" ({len(labels)} numbers)")
+            records.append(record)
+    except ValueError as exc:
+        raise PackageError(f"{path} {exc}") from exc
     return records
 
 

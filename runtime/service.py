@@ -9,7 +9,7 @@ Transports (runtime/stdio.py, runtime/server.py) only move bytes: they split lin
 - `classify(requests)` answers classify requests with one engine call (per-request errors if the
   model fails).
 - `answer_lines(lines)` does both for a batch of lines, in order (the stdio path).
-- `encode(response)` makes the wire line; an answer that cannot be encoded becomes internal_error.
+- `wire_line(response)` makes the wire line; an answer that cannot be encoded becomes internal_error.
 
 The socket server adds its own state, info and stats through `TransportHooks`; the ops and the
 error codes themselves live only here and in runtime/protocol.py.
@@ -115,7 +115,7 @@ def _describe(exc: BaseException) -> str:
 class Service:
     """The request → response core shared by every transport.
 
-    `triage` and `encode` run on the transport's thread, `classify` on the transport's batch
+    `triage` and `wire_line` run on the transport's thread, `classify` on the transport's batch
     threads, several at once (the engine only reads its state after load; ORT sessions and the
     tokenizer take concurrent calls); stats are shared under a lock. A service may start without an
     engine (the socket server answers health "loading") and get it with `attach`.
@@ -263,7 +263,7 @@ class Service:
 
     # -- lines in, lines out --------------------------------------------------------------------
 
-    def encode(self, response: Response) -> bytes:
+    def wire_line(self, response: Response) -> bytes:
         """The wire line of one response; internal_error (same id) if it cannot be encoded."""
         try:
             return encode_line(response)
@@ -281,7 +281,7 @@ class Service:
         answers = iter(self.classify([item for item in triaged if isinstance(item, ClassifyRequest)]))
         responses = [next(answers) if isinstance(item, ClassifyRequest)
                      else self.control(item) if isinstance(item, ControlRequest) else item for item in triaged]
-        return [self.encode(response) for response in responses]
+        return [self.wire_line(response) for response in responses]
 
     def ready_event(self) -> dict[str, Any]:
         """The optional first line for embedding apps: version, model, variant, limits."""

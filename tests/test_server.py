@@ -698,3 +698,15 @@ def test_a_burst_of_connects_fits_the_listen_backlog(tiny_package_dir, socket_di
         server.proc.send_signal(signal.SIGCONT)
         code, err = server.stop()
     assert code == 0 and "Traceback" not in err, err
+
+
+def test_the_slow_soak_answers_every_request_in_order(tiny_package_dir):
+    # benchmarks/soak.py --slow at a small scale (the lead runs 50 × 2,000 with a 10 s pause):
+    # pipelining clients, one that stops reading for longer than --idle-timeout, a slowed engine
+    out = subprocess.run([sys.executable, "benchmarks/soak.py", "--slow", "--model", str(tiny_package_dir),
+                          "--clients", "6", "--per-client", "400", "--pause", "3", "--hogs", "0", "--json"],
+                         cwd=REPO, capture_output=True, timeout=300, check=False)
+    assert out.returncode == 0, (out.stdout.decode()[-2000:], out.stderr.decode()[-2000:])
+    row = json.loads(out.stdout)["rows"][0]
+    assert (row["answered"], row["lost"], row["busy"], row["out_of_order_streams"]) == (2400, 0, 0, 0), row
+    assert row["peak_rss_mb"] > 0

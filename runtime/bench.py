@@ -86,7 +86,7 @@ def run_bench(engine: Engine, batch_sizes: Sequence[int], seconds: float = 2.0) 
     for kind, texts in (("short", short), ("long", long_texts)):
         for batch_size in batch_sizes:
             nth = _batches(texts, batch_size)
-            rows.append({"texts": kind, **measure(lambda i: engine.classify(nth(i)), batch_size, seconds)})
+            rows.append({"texts": kind, **measure(lambda i, nth=nth: engine.classify(nth(i)), batch_size, seconds)})
 
     fixed = min(LONG_TOKENS, engine.encoder.max_length)
     encoded_short = engine.encoder.tokenize(short)
@@ -111,12 +111,12 @@ def run_bench(engine: Engine, batch_sizes: Sequence[int], seconds: float = 2.0) 
 def format_table(report: dict[str, Any]) -> str:
     """The bench report as a plain text table."""
     lines = [
-        f"model {report['model']}, variant {report['variant']}, tier {report.get('tier', '?')}, "
-        f"{report['threads']} threads, buckets {report['buckets']}",
-        f"short texts: {report['short_texts']['count']} (≤ {report['short_texts']['max_tokens']} tokens); "
-        f"long texts: ~{report['long_texts']['target_tokens']} tokens",
-        f"{'texts':<22}{'batch':>6}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'ms/item':>10}{'items/s':>10}"
-        f"{'cpu ms/item':>13}",
+        (f"model {report['model']}, variant {report['variant']}, tier {report.get('tier', '?')}, "
+         f"{report['threads']} threads, buckets {report['buckets']}"),
+        (f"short texts: {report['short_texts']['count']} (≤ {report['short_texts']['max_tokens']} tokens); "
+         f"long texts: ~{report['long_texts']['target_tokens']} tokens"),
+        (f"{'texts':<22}{'batch':>6}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'ms/item':>10}{'items/s':>10}"
+         f"{'cpu ms/item':>13}"),
     ]
     for row in report["rows"]:
         lines.append(

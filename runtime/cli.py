@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot write answers to stdout: %s", exc)
         discard_stdout()
         return EXIT_OUTPUT_FAILED
-    except Exception as exc:  # noqa: BLE001 — a bug: one line for the user, the traceback on request
+    except Exception as exc:  # a bug: one line for the user, the traceback on request
         if os.environ.get(ENV_DEBUG):
             log.exception("internal error")
         else:

@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 from runtime import __version__
 from runtime.abstain import REASONS, AbstentionPolicy, decide
@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # the engine imports numpy; the socket server builds a Servic
     from runtime.engine import Classification, Engine
 
 Response = dict[str, Any]
-Triaged = Union[Response, ClassifyRequest, None]  # answered now / for the engine / blank line
+Triaged = Response | ClassifyRequest | None  # answered now / for the engine / blank line
 MAX_MESSAGE_CHARS = 300  # an exception's text in an internal_error message is cut to this
 
 
@@ -51,7 +51,7 @@ def percentile(sorted_values: Sequence[float], fraction: float) -> float | None:
     """Nearest-rank percentile of already sorted values (None when empty)."""
     if not sorted_values:
         return None
-    rank = max(1, -(-int(round(fraction * 1000)) * len(sorted_values) // 1000))  # ceil(fraction·n)
+    rank = max(1, -(-round(fraction * 1000) * len(sorted_values) // 1000))  # ceil(fraction·n)
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
@@ -121,23 +121,23 @@ class Service:
     engine (the socket server answers health "loading") and get it with `attach`.
     """
 
-    def __init__(self, engine: "Engine | None" = None, limits: Limits = Limits(),
+    def __init__(self, engine: Engine | None = None, limits: Limits | None = None,
                  info: dict[str, Any] | None = None, hooks: TransportHooks = TransportHooks(),
                  max_text_chars: int | None = None, min_score: float | None = None):
-        self.limits = limits
+        self.limits = limits or Limits()
         self.min_score = min_score  # below it an answer abstains (label null); None = never
         self.hooks = hooks
         self.stats = Stats()
         self.extra_info = dict(info or {})
         self.max_text_chars = max_text_chars
-        self.engine: "Engine | None" = None
+        self.engine: Engine | None = None
         self.variant: str | None = None
         self.policy: AbstentionPolicy | None = None
         self.info: dict[str, Any] = {"version": __version__}
         if engine is not None:
             self.attach(engine)
 
-    def attach(self, engine: "Engine") -> None:
+    def attach(self, engine: Engine) -> None:
         """Serve with `engine` from now on (the model is loaded and warm)."""
         manifest = engine.package.manifest
         self.max_text_chars = engine.encoder.max_chars
@@ -234,7 +234,7 @@ class Service:
         self.stats.add(abstained=+abstained)
         return responses
 
-    def _run(self, requests: Sequence[ClassifyRequest]) -> list["list[Classification] | str"]:
+    def _run(self, requests: Sequence[ClassifyRequest]) -> list[list[Classification] | str]:
         """Results per request from one engine call; if it fails, retry one request at a time so
         only the request that breaks the model gets an error (its message as str)."""
         if self.engine is None:
@@ -252,7 +252,7 @@ class Service:
             cursor += len(request.texts)
         return outcomes
 
-    def _run_one(self, request: ClassifyRequest) -> "list[Classification] | str":
+    def _run_one(self, request: ClassifyRequest) -> list[Classification] | str:
         """One request alone; the error message if the model fails on it."""
         assert self.engine is not None
         self.stats.add(engine_calls=1)

@@ -94,7 +94,7 @@ class _Input:
             self.eof = True
             return False
 
-    def read_into(self, lines: "_Lines") -> None:
+    def read_into(self, lines: _Lines) -> None:
         """One read; lines completed by it are appended."""
         try:
             chunk = os.read(self.fd, READ_CHUNK)

@@ -88,10 +88,11 @@ def _refused(root: Path, exc: FileRefused) -> PackageError:
                         "listed in its manifest")
 
 
-def load_package(root: Path | str) -> Package:
+def load_package(root: Path | str, allow_unlisted: bool = False) -> Package:
     """Read and validate `root/manifest.json` and check the directory holds nothing else than
     the files it lists (no symlink, FIFO, device or unlisted file); does not verify checksums
-    (see `verify_files`)."""
+    (see `verify_files`). allow_unlisted=True lets unlisted regular files pass, for a caller that
+    copies only the listed ones out (the bundle build); nothing that serves may pass it."""
     root = Path(root)
     manifest_path = root / MANIFEST_NAME
     try:
@@ -114,13 +115,13 @@ def load_package(root: Path | str) -> Package:
         except (ValueError, RecursionError) as exc:  # ValueError: bad JSON or bad UTF-8
             raise PackageError(f"cannot read {manifest_path}: {exc}") from exc
         manifest = read_manifest(data, str(manifest_path))
-        _check_tree(dir_fd, root, {MANIFEST_NAME, *(entry.file for entry in manifest.files())})
+        _check_tree(dir_fd, root, {MANIFEST_NAME, *(entry.file for entry in manifest.files())}, allow_unlisted)
     finally:
         os.close(dir_fd)
     return Package(root=root, manifest=manifest)
 
 
-def _check_tree(dir_fd: int, root: Path, listed: set[str]) -> None:
+def _check_tree(dir_fd: int, root: Path, listed: set[str], allow_unlisted: bool) -> None:
     """Every entry below the package directory is a listed regular file, a document at the top,
     or a directory; PackageError names the first that is not."""
     pending = [(os.dup(dir_fd), "", 0)]
@@ -139,7 +140,7 @@ def _check_tree(dir_fd: int, root: Path, listed: set[str]) -> None:
                     relative = prefix + name
                     if seen > MAX_TREE_ENTRIES:
                         raise PackageError(f"{root}: more than {MAX_TREE_ENTRIES} files and directories")
-                    pending.extend(_tree_entry(fd, name, relative, depth, root, listed))
+                    pending.extend(_tree_entry(fd, name, relative, depth, root, listed, allow_unlisted))
             finally:
                 os.close(fd)
     finally:
@@ -147,15 +148,15 @@ def _check_tree(dir_fd: int, root: Path, listed: set[str]) -> None:
             os.close(fd)
 
 
-def _tree_entry(dir_fd: int, name: str, relative: str, depth: int, root: Path,
-                listed: set[str]) -> list[tuple[int, str, int]]:
+def _tree_entry(dir_fd: int, name: str, relative: str, depth: int, root: Path, listed: set[str],
+                allow_unlisted: bool) -> list[tuple[int, str, int]]:
     """Judge one directory entry; a subdirectory comes back as (fd, prefix, depth) to walk."""
     try:
         mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
     except OSError as exc:
         raise PackageError(f"{root}: {relative}: {exc.strerror or exc}") from exc
     if stat.S_ISREG(mode):
-        if relative in listed or (depth == 0 and DOCUMENT_NAMES.match(name)):
+        if relative in listed or allow_unlisted or (depth == 0 and DOCUMENT_NAMES.match(name)):
             return []
         raise PackageError(f"{root}: {relative} is not listed in {MANIFEST_NAME}; a package holds only the files "
                            "its manifest lists (remove it, or rebuild the package)")

@@ -279,3 +279,14 @@ def test_the_label_cap_is_what_the_manifest_reader_enforces(tiny_package_dir):
     data["labels"][1] += "s"
     with pytest.raises(PackageError, match="'labels'"):
         read_manifest(data)
+
+
+def test_the_bundle_copy_may_pass_unlisted_files_but_never_a_symlink(package, outside):
+    # bundle_spec copies only the listed files out of a package, so it may read one holding more
+    (package / "training-log.txt").write_text("not part of the package")
+    with pytest.raises(PackageError, match="training-log.txt is not listed"):
+        load_package(package)
+    assert load_package(package, allow_unlisted=True).manifest.name == "tiny-keywords"
+    (package / "notes").symlink_to(outside / "secret")
+    with pytest.raises(PackageError, match="notes is a symbolic link"):
+        load_package(package, allow_unlisted=True)

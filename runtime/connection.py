@@ -63,7 +63,8 @@ class Connection:
     def expired(self, now: float, idle_s: float) -> str | None:
         """Why decide should close this connection now (None: it stays). Only a connection
         decide is reading can expire (see the module docstring)."""
-        if idle_s <= 0 or self.stopping or not self.reading or self.write_stalled_since is not None:
+        if (idle_s <= 0 or self.stopping or not self.reading or self.write_stalled_since is not None
+                or self.writer.transport.get_write_buffer_size()):  # answers still wait for the client
             return None
         if self.partial_since is not None:
             if now - max(self.partial_since, self.resumed) > idle_s:
@@ -143,6 +144,7 @@ class Connection:
             if transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
                 await self._drain()  # a slow reader: stop here until it catches up
         if not transport.is_closing():
+            transport.set_write_buffer_limits(high=0)  # the end: wait for every byte, not just most
             await self._drain()
 
     async def _drain(self) -> None:

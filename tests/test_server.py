@@ -613,6 +613,26 @@ def test_a_client_that_stops_reading_for_a_while_gets_every_answer(tiny_package_
     assert code == 0 and "closing a connection" not in err, err
 
 
+def test_answers_waiting_for_a_client_that_sent_everything_and_stopped_reading_are_kept(tiny_package_dir,
+                                                                                       socket_dir):
+    # The client keeps its connection open (no half-close), every request is answered while it
+    # does not read, and it sends nothing: decide owes nothing but still holds its answers, so the
+    # connection is not idle — closing it would drop them.
+    server = start(tiny_package_dir, "--socket", str(socket_dir / "s"), "--idle-timeout", "1")
+    try:
+        with server.connect() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.sendall(b"".join(json.dumps({"id": i, "texts": ["rain goal server"] * 8}).encode() + b"\n"
+                                  for i in range(400)))
+            time.sleep(6.0)  # all answered meanwhile, ~600 KB waiting for this client
+            reader = sock.makefile("rb")
+            answers = [json.loads(reader.readline()) for _ in range(400)]
+        assert [a["id"] for a in answers] == list(range(400))
+    finally:
+        code, err = server.stop()
+    assert code == 0 and "closing a connection" not in err, err
+
+
 def test_pipelining_clients_under_a_slow_engine_share_the_queue_without_busy(tiny_package_dir, socket_dir):
     # 12 clients × 400 pipelined through a 4-place queue, each request waiting for a place with a
     # 3 s --queue-timeout: fair admission gives every connection its turn well within it.

@@ -227,7 +227,7 @@ def soak_socket(command: list[str], total: int, clients: int, rng: random.Random
                 sock.connect(path)
                 received = bytearray()
 
-                def read() -> None:
+                def read(sock: socket.socket = sock, received: bytearray = received) -> None:
                     while data := sock.recv(1 << 16):
                         received.extend(data)
 

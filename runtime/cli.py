@@ -22,6 +22,7 @@ from runtime import __version__
 from runtime.appdir import DEFAULT_MODEL, default_model_dir, find_data_dir
 from runtime.cpu import CpuFeatures, probe
 from runtime.framing import OutputFailed
+from runtime.logs import configure_logging
 from runtime.package import Package, PackageError, load_package
 from runtime.protocol import DEFAULT_MAX_BATCH, DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_TEXTS
 from runtime.stack import LegacyStackMissing, NumericStack, activate, stack_for
@@ -30,7 +31,9 @@ from runtime.tiers import (
     CpuUnsupported,
     NoUsableVariant,
     OverrideError,
+    PlatformDataError,
     PlatformTiers,
+    Tier,
     check_tiers,
     load_platform,
     select,
@@ -40,10 +43,10 @@ EXIT_OK = 0
 EXIT_INTERNAL = 1  # a bug: one stderr line (DECIDE_DEBUG=1 adds the traceback)
 EXIT_USAGE = 2  # bad arguments, or an override this CPU/package cannot honour
 EXIT_CPU_UNSUPPORTED = 3
-EXIT_PACKAGE = 4  # model package missing, malformed, checksum mismatch, no usable variant
+EXIT_PACKAGE = 4  # model package (or platforms/*.json) missing, malformed, checksum mismatch, no usable variant
 EXIT_SELFTEST_FAILED = 5
 EXIT_OUTPUT_FAILED = 6  # stdout cannot take the answers (full disk, closed, bad fd); not EPIPE
-EXIT_INTERRUPTED = 130  # Ctrl-C before serving started
+EXIT_INTERRUPTED = 130  # a stop signal (Ctrl-C, SIGTERM, SIGQUIT) before serving started
 
 COMMANDS = ("serve", "info", "selftest", "bench")
 ENV_MODEL, ENV_TIER, ENV_VARIANT = "DECIDE_MODEL", "DECIDE_TIER", "DECIDE_VARIANT"
@@ -139,6 +142,12 @@ def overrides(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return (args.tier or os.environ.get(ENV_TIER) or None, args.variant or os.environ.get(ENV_VARIANT) or None)
 
 
+def sizes(features: CpuFeatures, tier: Tier, args: argparse.Namespace) -> tuple[int, int]:
+    """(threads, workers): the flags, else the usable cores (affinity and cgroup quota) within the tier's cap."""
+    default = min(features.usable_cores, tier.threads_max or features.usable_cores)
+    return args.threads or default, args.workers or default
+
+
 def prepare(args: argparse.Namespace) -> Setup:
     """CPU → tier → package → variant, the stdlib-only part of every command that runs the model."""
     features = probe()
@@ -152,9 +161,7 @@ def prepare(args: argparse.Namespace) -> Setup:
     for flag in ("threads", "workers"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise UsageError(f"--{flag} must be at least 1")
-    cap = choice.tier.threads_max or features.usable_cores
-    threads = args.threads or min(features.usable_cores, cap)
-    workers = args.workers or min(features.usable_cores, cap)
+    threads, workers = sizes(features, choice.tier, args)
     activate(stack)  # before runtime.engine imports numpy
     if stack.path is not None:
         log.info("numeric stack: %s", stack.reason)
@@ -181,13 +188,14 @@ def load_engine(setup: Setup, args: argparse.Namespace, variant: str | None = No
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve JSON lines on stdin/stdout."""
-    from runtime import server, stdio
+    from runtime import server, signals, stdio
     from runtime.protocol import Limits
 
     if args.max_line_bytes < 1 or args.max_texts < 1 or args.max_batch < 1:
         raise UsageError("--max-line-bytes, --max-texts and --max-batch must be at least 1")
     if args.min_score is not None and not 0.0 < args.min_score <= 1.0:
         raise UsageError(f"--min-score must be in (0, 1], got {args.min_score}")
+    signals.before_serving()  # a HUP or USR1 while the model loads must not end the process
     # Claim stdout before importing numpy/onnxruntime, so nothing they print reaches the wire.
     wire = stdio.protect_stdout(require_stdout=not server.wants_socket(args))
     if server.wants_socket(args):
@@ -234,8 +242,8 @@ def info_report(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
         "version": __version__,
         "python": sys.version.split()[0],
         "frozen": bool(getattr(sys, "frozen", False)),
-        "cpu": {"arch": features.arch, "usable_cores": features.usable_cores, "source": features.source,
-                "flags": sorted(features.flags)},
+        "cpu": {"arch": features.arch, "usable_cores": features.usable_cores, "cores_source": features.cores_source,
+                "source": features.source, "flags": sorted(features.flags)},
     }
     code = EXIT_OK
     try:
@@ -261,6 +269,7 @@ def info_report(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
     try:
         choice = select(features, platform, variants, *overrides(args))
         report["choice"] = {"tier": choice.tier.name, "variant": choice.variant, "reasons": list(choice.reasons)}
+        report["threads"], report["workers"] = sizes(features, choice.tier, args)
         report["numeric_stack"] = stack_for(choice.tier).to_json()
         if choice.variant is not None:
             report["abstention"] = package.manifest.abstention_policy(choice.variant).to_json()
@@ -283,7 +292,7 @@ def format_info(report: dict[str, Any]) -> str:
     cpu = report["cpu"]
     lines = [
         f"decide {report['version']} (python {report['python']}{', frozen' if report['frozen'] else ''})",
-        f"cpu: {cpu['arch']}, {cpu['usable_cores']} usable cores, flags from {cpu['source']}",
+        f"cpu: {cpu['arch']}, {cpu['usable_cores']} usable cores from {cpu['cores_source']}, flags from {cpu['source']}",
         "flags: " + " ".join(cpu["flags"]),
     ]
     if "tiers" in report:
@@ -300,7 +309,8 @@ def format_info(report: dict[str, Any]) -> str:
                          f"(variants: {', '.join(model['variants'])})")
     if "choice" in report:
         choice = report["choice"]
-        lines.append(f"choice: tier {choice['tier']}, variant {choice['variant'] or '-'}")
+        lines.append(f"choice: tier {choice['tier']}, variant {choice['variant'] or '-'}, "
+                     f"{report['threads']} threads, {report['workers']} workers")
         lines.extend(f"  - {reason}" for reason in choice["reasons"])
     if "numeric_stack" in report:
         stack = report["numeric_stack"]
@@ -383,14 +393,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 HANDLERS = {"serve": cmd_serve, "info": cmd_info, "selftest": cmd_selftest, "bench": cmd_bench}
 
 
-def configure_logging(quiet: bool) -> None:
-    """Logs go to stderr, UTF-8 whatever the locale."""
-    if hasattr(sys.stderr, "reconfigure"):
-        sys.stderr.reconfigure(encoding="utf-8", errors="backslashreplace")
-    logging.basicConfig(stream=sys.stderr, level=logging.WARNING if quiet else logging.INFO,
-                        format="decide: %(message)s")
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the process exit code (see README)."""
     command, rest = split_command(list(sys.argv[1:] if argv is None else argv))
@@ -410,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     except (PackageError, NoUsableVariant) as exc:
         log.error("model package error: %s", exc)
         return EXIT_PACKAGE
+    except PlatformDataError as exc:
+        log.error("platform data error: %s", exc)
+        return EXIT_PACKAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
@@ -420,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot write answers to stdout: %s", exc)
         discard_stdout()
         return EXIT_OUTPUT_FAILED
-    except Exception as exc:  # noqa: BLE001 — a bug: one line for the user, the traceback on request
+    except Exception as exc:  # a bug: one line for the user, the traceback on request
         if os.environ.get(ENV_DEBUG):
             log.exception("internal error")
         else:

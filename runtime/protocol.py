@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from runtime.abstain import Decision
 
-JsonScalar = Union[str, int, float, bool, None]
+JsonScalar = str | int | float | bool | None
 
 INVALID_UTF8 = "invalid_utf8"
 INVALID_JSON = "invalid_json"
@@ -105,7 +105,7 @@ class ErrorReply:
         return {"id": self.id, "error": {"code": self.code, "message": self.message}}
 
 
-Request = Union[ClassifyRequest, ControlRequest, ErrorReply]
+Request = ClassifyRequest | ControlRequest | ErrorReply
 
 
 def _is_scalar(value: Any) -> bool:
@@ -140,8 +140,7 @@ def parse_line(line: bytes | LineTooLong, limits: Limits = Limits()) -> Request 
         text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
         return ErrorReply(None, INVALID_UTF8, f"line is not valid UTF-8 (byte {exc.start})")
-    if text.startswith("\ufeff"):
-        text = text[1:]  # a UTF-8 byte order mark (files saved by some Windows editors) is not data
+    text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark (files saved by some Windows editors) is not data
     if is_blank(text):
         return None
     try:
@@ -209,7 +208,7 @@ def _parse_object(data: dict[str, Any], request_id: JsonScalar, limits: Limits) 
     return ClassifyRequest(request_id, tuple(texts), single=False)
 
 
-def result_json(decision: "Decision", probs: tuple[float, ...], labels: tuple[str, ...],
+def result_json(decision: Decision, probs: tuple[float, ...], labels: tuple[str, ...],
                 truncated: bool) -> dict[str, Any]:
     """One text's result: the decision (label, null when abstained), the case label the model
     leans to and its calibrated score, every class probability, why it abstained, truncation."""

@@ -9,7 +9,7 @@ Transports (runtime/stdio.py, runtime/server.py) only move bytes: they split lin
 - `classify(requests)` answers classify requests with one engine call (per-request errors if the
   model fails).
 - `answer_lines(lines)` does both for a batch of lines, in order (the stdio path).
-- `encode(response)` makes the wire line; an answer that cannot be encoded becomes internal_error.
+- `wire_line(response)` makes the wire line; an answer that cannot be encoded becomes internal_error.
 
 The socket server adds its own state, info and stats through `TransportHooks`; the ops and the
 error codes themselves live only here and in runtime/protocol.py.
@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 from runtime import __version__
 from runtime.abstain import REASONS, AbstentionPolicy, decide
@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # the engine imports numpy; the socket server builds a Servic
     from runtime.engine import Classification, Engine
 
 Response = dict[str, Any]
-Triaged = Union[Response, ClassifyRequest, None]  # answered now / for the engine / blank line
+Triaged = Response | ClassifyRequest | None  # answered now / for the engine / blank line
 MAX_MESSAGE_CHARS = 300  # an exception's text in an internal_error message is cut to this
 
 
@@ -51,7 +51,7 @@ def percentile(sorted_values: Sequence[float], fraction: float) -> float | None:
     """Nearest-rank percentile of already sorted values (None when empty)."""
     if not sorted_values:
         return None
-    rank = max(1, -(-int(round(fraction * 1000)) * len(sorted_values) // 1000))  # ceil(fraction·n)
+    rank = max(1, -(-round(fraction * 1000) * len(sorted_values) // 1000))  # ceil(fraction·n)
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
@@ -115,29 +115,29 @@ def _describe(exc: BaseException) -> str:
 class Service:
     """The request → response core shared by every transport.
 
-    `triage` and `encode` run on the transport's thread, `classify` on the transport's batch
+    `triage` and `wire_line` run on the transport's thread, `classify` on the transport's batch
     threads, several at once (the engine only reads its state after load; ORT sessions and the
     tokenizer take concurrent calls); stats are shared under a lock. A service may start without an
     engine (the socket server answers health "loading") and get it with `attach`.
     """
 
-    def __init__(self, engine: "Engine | None" = None, limits: Limits = Limits(),
+    def __init__(self, engine: Engine | None = None, limits: Limits | None = None,
                  info: dict[str, Any] | None = None, hooks: TransportHooks = TransportHooks(),
                  max_text_chars: int | None = None, min_score: float | None = None):
-        self.limits = limits
+        self.limits = limits or Limits()
         self.min_score = min_score  # below it an answer abstains (label null); None = never
         self.hooks = hooks
         self.stats = Stats()
         self.extra_info = dict(info or {})
         self.max_text_chars = max_text_chars
-        self.engine: "Engine | None" = None
+        self.engine: Engine | None = None
         self.variant: str | None = None
         self.policy: AbstentionPolicy | None = None
         self.info: dict[str, Any] = {"version": __version__}
         if engine is not None:
             self.attach(engine)
 
-    def attach(self, engine: "Engine") -> None:
+    def attach(self, engine: Engine) -> None:
         """Serve with `engine` from now on (the model is loaded and warm)."""
         manifest = engine.package.manifest
         self.max_text_chars = engine.encoder.max_chars
@@ -234,7 +234,7 @@ class Service:
         self.stats.add(abstained=+abstained)
         return responses
 
-    def _run(self, requests: Sequence[ClassifyRequest]) -> list["list[Classification] | str"]:
+    def _run(self, requests: Sequence[ClassifyRequest]) -> list[list[Classification] | str]:
         """Results per request from one engine call; if it fails, retry one request at a time so
         only the request that breaks the model gets an error (its message as str)."""
         if self.engine is None:
@@ -252,7 +252,7 @@ class Service:
             cursor += len(request.texts)
         return outcomes
 
-    def _run_one(self, request: ClassifyRequest) -> "list[Classification] | str":
+    def _run_one(self, request: ClassifyRequest) -> list[Classification] | str:
         """One request alone; the error message if the model fails on it."""
         assert self.engine is not None
         self.stats.add(engine_calls=1)
@@ -263,7 +263,7 @@ class Service:
 
     # -- lines in, lines out --------------------------------------------------------------------
 
-    def encode(self, response: Response) -> bytes:
+    def wire_line(self, response: Response) -> bytes:
         """The wire line of one response; internal_error (same id) if it cannot be encoded."""
         try:
             return encode_line(response)
@@ -281,7 +281,7 @@ class Service:
         answers = iter(self.classify([item for item in triaged if isinstance(item, ClassifyRequest)]))
         responses = [next(answers) if isinstance(item, ClassifyRequest)
                      else self.control(item) if isinstance(item, ControlRequest) else item for item in triaged]
-        return [self.encode(response) for response in responses]
+        return [self.wire_line(response) for response in responses]
 
     def ready_event(self) -> dict[str, Any]:
         """The optional first line for embedding apps: version, model, variant, limits."""

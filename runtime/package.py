@@ -63,7 +63,7 @@ from runtime.safefile import (
 from runtime.signing import MAX_SIGNATURE_BYTES, SIGNATURE_NAME
 
 __all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FileEntry", "Manifest", "Package", "PackageError", "Variant",
-           "check_external_data", "file_entry", "json_lines", "load_package", "read_golden", "read_manifest", "read_verified",
+           "beyond_variant", "check_external_data", "file_entry", "json_lines", "load_package", "read_golden", "read_manifest", "read_verified",
            "verify_files", "verify_golden_file", "write_manifest"]
 
 MAX_MANIFEST_BYTES = 4 << 20  # the default model's is 24 KB
@@ -239,6 +239,13 @@ def verify_files(package: Package, entries: Iterable[FileEntry]) -> None:
             raise PackageError(f"model file {path} has {size} bytes, manifest says {entry.bytes}")
         if actual != entry.sha256:
             raise PackageError(f"checksum mismatch for {path}: sha256 {actual}, manifest says {entry.sha256}")
+
+
+def beyond_variant(manifest: Manifest, variant: str) -> list[FileEntry]:
+    """The listed files that serving `variant` does not read (other variants' files): hashed too
+    when the whole package must be intact (a signed package, a reload)."""
+    used = {manifest.tokenizer, *([manifest.golden] if manifest.golden else []), *manifest.variants[variant].files()}
+    return [entry for entry in manifest.files() if entry not in used]
 
 
 def read_verified(package: Package, entry: FileEntry, cap: int, verify: bool = True) -> bytes:

@@ -98,6 +98,15 @@ class Signer:
                 "verified": self.verified, **({"key": self.key_source} if self.key_source else {})}
 
 
+def describe_signature(signature: dict[str, Any] | None) -> str:
+    """One line about who signed a package, from `Signer.to_json()` (None: unsigned)."""
+    if signature is None:
+        return "none (unsigned)"
+    checked = (f"verified with {signature.get('key', 'a trusted key')}" if signature["verified"]
+               else "NOT verified (no trusted key configured)")
+    return f"key {signature['key_id']}, {checked}; trusted comment: {signature['trusted_comment']}"
+
+
 def key_id_hex(key_id: bytes) -> str:
     """The key id as minisign prints it (%016X of the little-endian 64-bit number)."""
     return f"{int.from_bytes(key_id, 'little'):016X}"

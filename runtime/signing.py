@@ -209,8 +209,10 @@ def _read_key_file(path: Path) -> PublicKey:
         raise TrustError(f"trusted key {path.parent}/{exc}") from None
     except OSError as exc:
         raise TrustError(f"trusted key {path}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise TrustError(f"trusted key {exc if isinstance(exc, ValueError) else path}: not a minisign public key") from None
+    except UnicodeDecodeError:
+        raise TrustError(f"trusted key {path}: not text (not a minisign public key)") from None
+    except ValueError as exc:  # parse_public_key's message names the file
+        raise TrustError(f"trusted key {exc}") from None
 
 
 def _keys_in(path: Path, must_exist: bool) -> list[PublicKey]:

@@ -6,7 +6,7 @@ cryptography 4.7 MB, both + cffi) would be a new dependency for one function. Ve
 only public data (key, message, signature), so the timing side channels that make hand-written
 signing dangerous do not apply here; what matters is being strict, like libsodium (which the
 stock `minisign` uses): a non-canonical S, a public key or R that does not decode to a point of
-the curve, and a small-order public key are refused. About 5 ms per signature in CPython 3.11.
+the curve, and a small-order public key are refused. About 5 ms per signature in CPython 3.11 (both scalar products in one pass).
 
 Stdlib only, imported before the CPU check. `tests/test_signing.py` checks it against RFC 8032's
 vectors, libcrypto and the stock minisign.
@@ -49,13 +49,19 @@ def _double(a: Point) -> Point:
     return e * f % P, g * h % P, f * g % P, e * h % P
 
 
-def _multiply(scalar: int, point: Point) -> Point:
-    """scalar · point, double-and-add (public inputs only: no constant-time need)."""
+def _multiply_two(a: int, p: Point, b: int, q: Point) -> Point:
+    """a·p + b·q in one double-and-add pass (Shamir's trick: half the doublings of two passes)."""
+    both = _add(p, q)
     result: Point = (0, 1, 1, 0)
-    for bit in bin(scalar)[2:]:
+    for bit in range(max(a.bit_length(), b.bit_length()) - 1, -1, -1):
         result = _double(result)
-        if bit == "1":
-            result = _add(result, point)
+        pick = ((a >> bit) & 1, (b >> bit) & 1)
+        if pick == (1, 1):
+            result = _add(result, both)
+        elif pick == (1, 0):
+            result = _add(result, p)
+        elif pick == (0, 1):
+            result = _add(result, q)
     return result
 
 
@@ -112,4 +118,4 @@ def verify(public_key: bytes, message: bytes, signature: bytes) -> bool:
     k = int.from_bytes(hashlib.sha512(r_bytes + public_key + message).digest(), "little") % L
     # [S]B = R + [k]A  ⇔  encode([S]B - [k]A) == R (cofactorless, as libsodium and OpenSSL check)
     negative_a = ((P - a[0]) % P, a[1], a[2], (P - a[3]) % P)
-    return _encode(_add(_multiply(s, BASE), _multiply(k, negative_a))) == r_bytes
+    return _encode(_multiply_two(s, BASE, k, negative_a)) == r_bytes

@@ -169,7 +169,7 @@ def prepare(args: argparse.Namespace) -> Setup:
     # Refuse the CPU, or a tier whose numeric stack is missing, before touching the package.
     tier = select(features, platform, None, tier_override).tier
     stack = stack_for(tier)
-    trusted = signing.TrustedKeys.configured(args.trust_key)
+    trusted = signing.TrustedKeys.configured(getattr(args, "trust_key", ()))  # a caller-made Namespace may lack it
     package = load_package(model_dir(args))
     signer = signing.check_signature(package.root, package.manifest_bytes, package.signature, trusted)
     choice = select(features, platform, package.manifest.variants.keys(), tier_override, variant_override)
@@ -294,7 +294,7 @@ def info_report(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
     ]
     path = model_dir(args)
     variants = None
-    trusted = signing.TrustedKeys.configured(args.trust_key)
+    trusted = signing.TrustedKeys.configured(getattr(args, "trust_key", ()))
     report["trusted_keys"] = trusted.to_json()
     try:
         package = load_package(path)

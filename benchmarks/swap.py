@@ -1,7 +1,7 @@
 """Live swaps under load (issue 25): socket clients stream while packages are swapped in and out.
 
     python3 benchmarks/swap.py                                   # 16 clients, 60 s, 20 swaps, default package
-    nice -n 10 python3 benchmarks/swap.py --clients 4 --seconds 20 --package tiny   # a quick check
+    nice -n 10 python3 benchmarks/swap.py --clients 4 --seconds 20 --model DIR    # a quick check, any package
 
 Two good packages (A, B: copies of the package with versions `<v>-a` / `<v>-b`, re-hashed through
 the factory's manifest writer and signed with a trusted key) alternate; every 5th swap is a bad
@@ -33,20 +33,16 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path[:0] = [str(REPO)]
 TEXTS = ["Pumpe 3: Vibration über Grenzwert", "the rain and the wind", "le serveur", "Tor Spiel Team",
          "Unter der Hydraulikpresse steht eine Öllache", "server pump code", "雨", "the team scored a goal"]
 
 
-def make_packages(source: Path | None, work: Path) -> dict[str, Path]:
+def make_packages(source: Path, work: Path) -> dict[str, Path]:
     """Good A and B, damaged D and wrongly signed W, plus the keys; returns their directories."""
     from models import keys
     from runtime.package import load_package, write_manifest
 
-    if source is None:
-        from fixtures import tiny_package
-
-        source = tiny_package.build(work / "source")
     keys.keygen(work / "trusted.key")
     keys.keygen(work / "stranger.key")
     base = load_package(source).manifest.version
@@ -175,6 +171,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def report(args: argparse.Namespace, outcome: dict, packages: dict[str, Path]) -> tuple[dict, bool]:
+    from runtime.appdir import DEFAULT_MODEL
     from runtime.package import load_package
 
     tally: Tally = outcome["tally"]
@@ -186,7 +183,7 @@ def report(args: argparse.Namespace, outcome: dict, packages: dict[str, Path]) -
     ratio = round(p99_swap / p99_base, 2) if p99_base and p99_swap else None
     lost = len(tally.sent) - len(tally.answered)
     figures = {
-        "clients": args.clients, "seconds": args.seconds, "baseline_s": args.baseline, "package": args.package,
+        "clients": args.clients, "seconds": args.seconds, "baseline_s": args.baseline, "package": str(args.model or DEFAULT_MODEL),
         "requests": len(tally.sent), "answered": len(tally.answered), "lost": lost, "duplicated": tally.duplicated,
         "out_of_order": tally.out_of_order, "errors": tally.errors, "models": tally.models,
         "bad_served": sum(n for model, n in tally.models.items() if model in (versions["D"], versions["W"])),
@@ -222,8 +219,8 @@ def main() -> int:
     parser.add_argument("--baseline", type=float, default=15.0, help="seconds without swaps first")
     parser.add_argument("--swaps", type=int, default=20)
     parser.add_argument("--window", type=int, default=2, help="requests in flight per client")
-    parser.add_argument("--package", choices=["default", "tiny"], default="default",
-                        help="copy the default package, or the tiny test package")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="the package to make A, B, D and W from (default: the default package)")
     parser.add_argument("--threads", type=int, default=None, help="--threads for the server")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -231,7 +228,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="decide-swap-") as folder:
         work = Path(folder)
-        packages = make_packages(REPO / DEFAULT_MODEL if args.package == "default" else None, work)
+        packages = make_packages(args.model or REPO / DEFAULT_MODEL, work)
         proc, path = start_server(packages["A"], work, args.threads)
         try:
             outcome = asyncio.run(run(args, packages, path))

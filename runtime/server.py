@@ -38,7 +38,13 @@ Threads and data flow:
   being written, and gives up on unfinished connections only after DRAIN_STALL_S without any
   (a stuck model); a client that does not read its answers during shutdown is reset after
   SHUTDOWN_WRITE_STALL_S, so shutdown never waits long on it. SIGHUP and SIGUSR1 are acted on
-  by the loop (reload hook, stats log line); the other signals of the table are ignored.
+  by the loop (a background reload, a stats log line); the other signals of the table are ignored.
+- Live swaps (runtime/swap.py): SIGHUP, `{"op": "reload", "model": DIR}`, `{"op": "rollback"}` and
+  --watch DIR make a new package ready in a background thread while the old one answers; batch
+  threads pick up the new model with their next batch. The swap ops are taken only from a peer
+  that runs as the server's own user (SO_PEERCRED on the Unix socket); TCP peers cannot prove a
+  uid and are refused (`forbidden`). The answer to a reload comes when it is done (or failed):
+  answers to that connection's later lines wait behind it, other connections are not held up.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime import sdnotify, signals
@@ -78,9 +85,11 @@ from runtime.protocol import (
 )
 from runtime.serverstats import ServerStats
 from runtime.service import Service, TransportHooks
+from runtime.swap import Loaded, Swapper
+from runtime.swapops import SocketSwaps, peer_uid
 
-if TYPE_CHECKING:  # the engine imports numpy; the server must be importable before the CPU check
-    from runtime.engine import Engine
+if TYPE_CHECKING:
+    from runtime.watch import PackageWatcher
 
 log = logging.getLogger("decide")
 
@@ -117,12 +126,17 @@ class ServerConfig:
 class SocketServer:
     """Accepts connections, batches classify requests across them, answers in per-connection order."""
 
-    def __init__(self, config: ServerConfig, service: Service, load_engine: Callable[[], Engine],
-                 ready_wire: int | None = None):
+    def __init__(self, config: ServerConfig, service: Service, load_engine: Callable[[], Loaded],
+                 ready_wire: int | None = None, rebuild: Callable[[Path], Loaded] | None = None,
+                 watcher: PackageWatcher | None = None):
         self.config = config
         self.service = service
-        service.hooks = TransportHooks(status=lambda: self.state, info=self._info, stats=self._stats)
+        service.hooks = TransportHooks(status=lambda: self.state, info=self._info, stats=self._stats, swap_ops=True)
         self.load_engine = load_engine
+        self.rebuild = rebuild  # a package directory → a checked, warm, self-tested model (None: no swaps)
+        self.watcher = watcher
+        self.swapper: Swapper | None = None
+        self.swaps = SocketSwaps(self)
         self.ready_wire = ready_wire  # fd for the ready event line (--ready), or None
         self.queue = RequestQueue(config.queue_size)
         self.admission = Admission(self.queue, config.queue_timeout_s)
@@ -140,7 +154,7 @@ class SocketServer:
         """Load and warm the model, then answer batches until the queue is closed."""
         assert self.loop is not None
         try:
-            self.service.attach(self.load_engine())
+            self.swapper = Swapper(self.service, self.rebuild, self.load_engine())
         except BaseException as exc:  # noqa: BLE001 — re-raised in the main thread by run()
             self.load_error = exc
             self.loop.call_soon_threadsafe(self._stop)
@@ -235,15 +249,16 @@ class SocketServer:
                               f"{self.config.queue_timeout_s:g} s; retry later"))
 
     def _info(self) -> dict[str, Any]:
-        """The transport settings, for the info op."""
+        """The transport settings and the swap state, for the info op."""
         config = self.config
-        return {"server": {"listen": config.address.describe(), "max_connections": config.max_connections,
+        return {"swap": self.swapper.to_json() if self.swapper is not None else None, "server": {"listen": config.address.describe(), "max_connections": config.max_connections,
                            "queue_size": config.queue_size, "batch_delay_ms": config.batch_delay_ms,
                            "max_batch_texts": config.max_batch_texts, "idle_timeout_s": config.idle_timeout_s,
                            "queue_timeout_s": config.queue_timeout_s}}
 
     def _stats(self) -> dict[str, Any]:
-        return self.stats.to_json(len(self.queue), len(self.connections), self.service.stats.to_json())
+        swap = {"swap": self.swapper.stats_json()} if self.swapper is not None else {}
+        return {**self.stats.to_json(len(self.queue), len(self.connections), self.service.stats.to_json()), **swap}
 
     def _accepted(self, sock: socket.socket) -> None:
         """A new connection from the Acceptor: serve it in its own task."""
@@ -272,6 +287,7 @@ class SocketServer:
             await self._refuse_connection(writer)
             return
         connection = Connection(self, reader, writer)
+        connection.peer_uid = peer_uid(sock)
         self.connections.add(connection)
         connection.reader_task = asyncio.create_task(connection.read_requests())
         try:
@@ -321,7 +337,8 @@ class SocketServer:
     def _install_signals(self) -> None:
         """Every signal of runtime/signals.py's table: stop, reload and report on the loop, the rest ignored."""
         assert self.loop is not None
-        actions = signals.Actions(stop=self._stop, stats=lambda: self.service.control(ControlRequest(None, "stats")))
+        actions = signals.Actions(stop=self._stop, stats=lambda: self.service.control(ControlRequest(None, "stats")),
+                                  reload=lambda _stats: self.swaps.on_sighup())
         signals.ignore_the_ignored()
         for signum, _action in signals.handled():
             self.loop.add_signal_handler(signum, self._signal, signum, actions)
@@ -350,6 +367,7 @@ class SocketServer:
         acceptor = Acceptor(listener, self._accepted)
         acceptor.start(self.loop)
         watcher = asyncio.create_task(self._watch_connections())
+        packages = asyncio.create_task(self.swaps.watch(self.watcher)) if self.watcher is not None else None
         log.info("listening on %s (loading the model)", self.config.address.describe())
         engine = threading.Thread(target=self._engine_main, name="engine", daemon=True)
         engine.start()
@@ -364,17 +382,20 @@ class SocketServer:
         self.queue.close()
         await asyncio.to_thread(engine.join)
         watcher.cancel()
+        if packages is not None:
+            packages.cancel()
 
 
-def run(config: ServerConfig, service: Service, load_engine: Callable[[], Engine],
-        ready_wire: int | None = None) -> int:
+def run(config: ServerConfig, service: Service, load_engine: Callable[[], Loaded],
+        ready_wire: int | None = None, rebuild: Callable[[Path], Loaded] | None = None,
+        watcher: PackageWatcher | None = None) -> int:
     """Bind, serve until a stop signal, clean up; returns 0. A failed model load is re-raised
     (after the socket file is removed) so the caller maps it to its exit code."""
     listener, cleanup = bind(config.address, config.allow_remote)
     if config.address.port == 0:  # an ephemeral port: say which one we got
         host, port = listener.getsockname()[:2]
         config = dataclasses.replace(config, address=ListenAddress(host=host, port=port))
-    server = SocketServer(config, service, load_engine, ready_wire)
+    server = SocketServer(config, service, load_engine, ready_wire, rebuild, watcher)
     try:
         asyncio.run(server.serve(listener))
     finally:

@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Any
 from runtime import __version__
 from runtime.abstain import REASONS, AbstentionPolicy, decide
 from runtime.protocol import (
+    FORBIDDEN,
     INTERNAL_ERROR,
+    SWAP_OPS,
     ClassifyRequest,
     ControlRequest,
     ErrorReply,
@@ -104,6 +106,7 @@ class TransportHooks:
     status: Callable[[], str] = lambda: "ok"
     info: Callable[[], dict[str, Any]] = dict
     stats: Callable[[], dict[str, Any]] = dict
+    swap_ops: bool = False  # True: triage hands reload/rollback back (the socket server answers them)
 
 
 def _describe(exc: BaseException) -> str:
@@ -112,13 +115,26 @@ def _describe(exc: BaseException) -> str:
     return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + "…"
 
 
+@dataclass(frozen=True)
+class Served:
+    """One model as the Service answers with it. A batch takes one `Served` at its start and uses
+    only that, so a live swap (`attach` while batches run) never mixes two models in one answer."""
+
+    engine: Engine
+    variant: str
+    policy: AbstentionPolicy
+    info: dict[str, Any]
+    model: str  # "name@version": every answer's "model" field
+
+
 class Service:
     """The request → response core shared by every transport.
 
     `triage` and `wire_line` run on the transport's thread, `classify` on the transport's batch
     threads, several at once (the engine only reads its state after load; ORT sessions and the
     tokenizer take concurrent calls); stats are shared under a lock. A service may start without an
-    engine (the socket server answers health "loading") and get it with `attach`.
+    engine (the socket server answers health "loading") and get it with `attach`, which also swaps
+    one model for another while serving (runtime/swap.py).
     """
 
     def __init__(self, engine: Engine | None = None, limits: Limits | None = None,
@@ -130,26 +146,40 @@ class Service:
         self.stats = Stats()
         self.extra_info = dict(info or {})
         self.max_text_chars = max_text_chars
-        self.engine: Engine | None = None
-        self.variant: str | None = None
-        self.policy: AbstentionPolicy | None = None
-        self.info: dict[str, Any] = {"version": __version__}
+        self.served: Served | None = None
         if engine is not None:
             self.attach(engine)
 
-    def attach(self, engine: Engine) -> None:
-        """Serve with `engine` from now on (the model is loaded and warm)."""
+    @property
+    def engine(self) -> Engine | None:
+        return self.served.engine if self.served is not None else None
+
+    @property
+    def variant(self) -> str | None:
+        return self.served.variant if self.served is not None else None
+
+    @property
+    def policy(self) -> AbstentionPolicy | None:
+        return self.served.policy if self.served is not None else None
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self.served.info if self.served is not None else {"version": __version__}
+
+    def attach(self, engine: Engine, model_details: dict[str, Any] | None = None) -> None:
+        """Serve with `engine` from now on (the model is loaded and warm); `model_details` (e.g.
+        the package's path and signer) join info's "model" object."""
         manifest = engine.package.manifest
-        self.max_text_chars = engine.encoder.max_chars
-        self.variant = engine.variant.name
-        self.policy = manifest.abstention_policy(self.variant, self.min_score)
-        self.info = {
+        variant = engine.variant.name
+        policy = manifest.abstention_policy(variant, self.min_score)
+        max_text_chars = engine.encoder.max_chars
+        info = {
             "version": __version__,
             "model": {"name": manifest.name, "version": manifest.version, "labels": list(manifest.labels),
-                      "max_length": manifest.max_length, "max_text_chars": self.max_text_chars},
-            "variant": self.variant,
+                      "max_length": manifest.max_length, "max_text_chars": max_text_chars, **(model_details or {})},
+            "variant": variant,
             "min_score": self.min_score,
-            "abstention": self.policy.to_json(),
+            "abstention": policy.to_json(),
             "temperature": engine.temperature,
             "limits": self.limits.to_json(),
             "buckets": list(engine.buckets),
@@ -157,7 +187,8 @@ class Service:
             "workers": engine.settings.workers,
             **self.extra_info,
         }
-        self.engine = engine
+        self.max_text_chars = max_text_chars
+        self.served = Served(engine, variant, policy, info, f"{manifest.name}@{manifest.version}")
 
     # -- one line -------------------------------------------------------------------------------
 
@@ -173,6 +204,8 @@ class Service:
             if isinstance(request, ErrorReply):
                 return self.error(request.id, request.code, request.message)
             if isinstance(request, ControlRequest):
+                if request.op in SWAP_OPS and self.hooks.swap_ops:
+                    return request
                 return self.control(request) if answer_control else request
             return self._clip(request)
         except Exception as exc:  # noqa: BLE001 — one bad line must never end the process
@@ -193,8 +226,12 @@ class Service:
         return ErrorReply(request_id, code, message).to_json()
 
     def control(self, request: ControlRequest) -> Response:
-        """health / info / stats, with what the transport adds."""
+        """health / info / stats, with what the transport adds; reload/rollback are refused here
+        (only the socket server, which checks who asks, answers them)."""
         try:
+            if request.op in SWAP_OPS:
+                return self.error(request.id, FORBIDDEN, f"{request.op} is an op of the socket service (Unix socket, "
+                                                         "same user); here send SIGHUP or use --watch DIR")
             if request.op == "health":
                 return {"id": request.id, "op": "health", "status": self.hooks.status()}
             if request.op == "info":
@@ -211,8 +248,9 @@ class Service:
         if not requests:
             return []
         start = time.perf_counter()
+        served = self.served  # this batch's model, whatever a swap does meanwhile
         try:
-            outcomes = self._run(requests)
+            outcomes = self._run(served, requests)
         except Exception as exc:  # noqa: BLE001 — e.g. no engine: answer, do not die
             outcomes = [_describe(exc)] * len(requests)
         elapsed_ms = round((time.perf_counter() - start) * 1000, 3)
@@ -226,25 +264,26 @@ class Service:
             clipped = request.clipped or (False,) * len(outcome)
             items = []
             for result, cut in zip(outcome, clipped):
-                decision = decide(result.probs, self.policy, result.unknown_share, result.novelty)
+                decision = decide(result.probs, served.policy, result.unknown_share, result.novelty)
                 abstained[decision.reason] += decision.abstained
-                items.append(result_json(decision, result.probs, self.engine.labels, result.truncated or cut))
+                items.append(result_json(decision, result.probs, served.engine.labels, result.truncated or cut))
             body = items[0] if request.single else {"results": items}
-            responses.append({"id": request.id, **body, "variant": self.variant, "ms": elapsed_ms})
+            responses.append({"id": request.id, **body, "variant": served.variant, "model": served.model,
+                              "ms": elapsed_ms})
         self.stats.add(abstained=+abstained)
         return responses
 
-    def _run(self, requests: Sequence[ClassifyRequest]) -> list[list[Classification] | str]:
+    def _run(self, served: Served | None, requests: Sequence[ClassifyRequest]) -> list[list[Classification] | str]:
         """Results per request from one engine call; if it fails, retry one request at a time so
         only the request that breaks the model gets an error (its message as str)."""
-        if self.engine is None:
+        if served is None:
             raise RuntimeError("the model is not loaded")
         texts = [text for r in requests for text in r.texts]
         self.stats.add(texts=len(texts), engine_calls=1)
         try:
-            flat = self.engine.classify(texts)
+            flat = served.engine.classify(texts)
         except Exception:  # noqa: BLE001 — isolate the failing request below
-            return [self._run_one(r) for r in requests]
+            return [self._run_one(served.engine, r) for r in requests]
         outcomes: list[list[Classification] | str] = []
         cursor = 0
         for request in requests:
@@ -252,12 +291,11 @@ class Service:
             cursor += len(request.texts)
         return outcomes
 
-    def _run_one(self, request: ClassifyRequest) -> list[Classification] | str:
+    def _run_one(self, engine: Engine, request: ClassifyRequest) -> list[Classification] | str:
         """One request alone; the error message if the model fails on it."""
-        assert self.engine is not None
         self.stats.add(engine_calls=1)
         try:
-            return self.engine.classify(request.texts)
+            return engine.classify(request.texts)
         except Exception as exc:  # noqa: BLE001 — a model failure must not stop the server
             return _describe(exc)
 

@@ -7,8 +7,9 @@ answer for a line already read:
     signal                    while serving (stdio and socket)
     TERM, INT (Ctrl-C),       stop: read no more, answer and write every line already read,
     QUIT (Ctrl-\\)             exit 0 (QUIT: no core dump)
-    HUP                       reload the model: the hook for issue 25 (`reload`); until then it
-                              only logs that reload is not implemented, and serving goes on
+    HUP                       reload the model: the package directory served now is checked,
+                              warmed and self-tested in the background (runtime/swap.py) while
+                              the old model answers; the next batch after it passed uses it
     USR1                      log one line: the stats op's answer; serving goes on
     USR2, PIPE, ALRM, WINCH   ignored (a reader that left shows as EPIPE, answered by exiting 0)
     TSTP, TTIN, TTOU          job control as usual: the process stops, SIGCONT resumes it, and
@@ -45,7 +46,7 @@ class Rule:
 
 TABLE = (
     Rule(("SIGTERM", "SIGINT", "SIGQUIT"), STOP, "stop: answer every line already read, exit 0 (no core dump)"),
-    Rule(("SIGHUP",), RELOAD, "reload the model (not implemented yet: logged, serving goes on)"),
+    Rule(("SIGHUP",), RELOAD, "reload the model in the background (runtime/swap.py), serving goes on"),
     Rule(("SIGUSR1",), REPORT, "log one stats line, serving goes on"),
     Rule(("SIGUSR2", "SIGPIPE", "SIGALRM", "SIGWINCH"), IGNORE, "ignored (a reader that left shows as EPIPE)"),
     Rule(("SIGTSTP", "SIGTTIN", "SIGTTOU"), DEFAULT, "job control: stopped until SIGCONT; nothing is lost"),
@@ -55,10 +56,10 @@ NAMES = {number: signal.Signals(number).name for number in RULES}
 
 
 def reload_model(stats: Callable[[], dict[str, Any]]) -> None:
-    """SIGHUP: the model-reload hook (issue 25 fills this in; the transports already call it
-    between batches, never in the middle of one). Until then: one log line, nothing changes."""
+    """SIGHUP for a transport without a swapper: one log line, nothing changes (both transports
+    pass their own `reload`, runtime/swap.py, called between batches, never inside one)."""
     del stats
-    log.info("SIGHUP received: reloading the model is not implemented yet; serving goes on with the loaded one")
+    log.info("SIGHUP received: this service cannot reload its model; serving goes on with the loaded one")
 
 
 def report_stats(stats: Callable[[], dict[str, Any]]) -> None:

@@ -16,9 +16,13 @@
 - Memory: read-ahead and each engine call take at most MAX_BATCH_LINES lines and MAX_BATCH_BYTES
   bytes; over-long lines are skipped as they stream by; texts are cut to the model's budget.
 - EOF: answer everything read, return 0. SIGTERM/SIGINT/SIGQUIT: read no more, answer every
-  complete line already read (the sender handed those over), return 0. SIGHUP (reload hook) and
-  SIGUSR1 (a stats log line) are acted on between batches; the other signals of
-  runtime/signals.py's table are ignored, so none loses a line.
+  complete line already read (the sender handed those over), return 0. SIGHUP (a background
+  reload of the package directory, runtime/swap.py) and SIGUSR1 (a stats log line) are acted on
+  between batches; the other signals of runtime/signals.py's table are ignored, so none loses a line.
+- Live swaps: SIGHUP and --watch DIR (looked at between batches and while idle) make a new package
+  ready in a background thread; the next batch is answered by it. The reload/rollback ops are
+  the socket service's: here they are answered `forbidden` (whoever writes to stdin owns the
+  process and can send SIGHUP).
   Reader gone (EPIPE): return 0 quietly. Other output failures (ENOSPC, EBADF) raise
   OutputFailed, which the command line turns into one log line and exit code 6.
 """
@@ -30,6 +34,7 @@ import logging
 import os
 import select
 import sys
+import time
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -39,6 +44,8 @@ from runtime.protocol import ControlRequest, LineTooLong, encode_line
 
 if TYPE_CHECKING:  # the service imports numpy; stdio must be importable before the CPU check
     from runtime.service import Service
+    from runtime.swap import Swapper
+    from runtime.watch import PackageWatcher
 
 log = logging.getLogger("decide")
 
@@ -108,11 +115,35 @@ class _Input:
             lines.extend(self.splitter.finish())
 
 
+def _swap_actions(swapper: Swapper | None, watcher: PackageWatcher | None):
+    """(the SIGHUP action, the between-batches check of --watch) for a swapper (or none)."""
+    def on_sighup(_stats: object) -> None:
+        if swapper is None:
+            log.info("SIGHUP received: this service cannot reload; ignored")
+        elif (refused := swapper.reload(None, "SIGHUP")) is not None:
+            log.info("SIGHUP received: %s; ignored", refused)
+
+    next_look = time.monotonic() + (watcher.interval_s if watcher else 0)
+
+    def look() -> None:
+        nonlocal next_look
+        if watcher is None or swapper is None or swapper.busy or time.monotonic() < next_look:
+            return
+        next_look = time.monotonic() + watcher.interval_s
+        candidate = watcher.poll()
+        if candidate is not None and swapper.reload(candidate, "watch") is not None:
+            watcher.forget(candidate)
+
+    return on_sighup, look
+
+
 def serve(service: Service, wire: int, ready: bool = False, input_fd: int = 0,
-          max_batch_lines: int = MAX_BATCH_LINES, max_batch_bytes: int = MAX_BATCH_BYTES) -> int:
+          max_batch_lines: int = MAX_BATCH_LINES, max_batch_bytes: int = MAX_BATCH_BYTES,
+          swapper: Swapper | None = None, watcher: PackageWatcher | None = None) -> int:
     """Serve until EOF or a stop signal; returns the exit code (0). Raises framing.OutputFailed
     when stdout cannot take our lines (full disk, closed fd); EPIPE ends serving quietly."""
     stop = False
+    on_sighup, look_for_packages = _swap_actions(swapper, watcher)
 
     def request_stop(name: str) -> None:
         nonlocal stop
@@ -120,8 +151,8 @@ def serve(service: Service, wire: int, ready: bool = False, input_fd: int = 0,
             log.info("%s received: answering the lines already read, then exiting", name)
         stop = True
 
-    inbox = signals.Inbox(signals.Actions(stop=request_stop,
-                                          stats=lambda: service.control(ControlRequest(None, "stats"))))
+    inbox = signals.Inbox(signals.Actions(stop=request_stop, stats=lambda: service.control(ControlRequest(None, "stats")),
+                                          reload=on_sighup))
     inbox.install()
     source = _Input(input_fd, service.limits.max_line_bytes)
     lines = _Lines()
@@ -131,12 +162,14 @@ def serve(service: Service, wire: int, ready: bool = False, input_fd: int = 0,
         if responses:
             write_all(wire, b"".join(responses))
         inbox.dispatch()  # reload/report between batches, never inside one
+        look_for_packages()
 
     try:
         if ready:
             write_all(wire, encode_line(service.ready_event()))
         while not stop:
             inbox.dispatch()
+            look_for_packages()
             if not lines and not source.eof:
                 if not source.readable(STOP_POLL_S):
                     continue  # idle (or input gone): check for a signal or EOF

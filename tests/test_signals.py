@@ -20,7 +20,7 @@ from runtime.signals import RULES, STOP
 
 REPO = Path(__file__).resolve().parent.parent
 SIGNALS = ["SIGHUP", "SIGUSR1", "SIGUSR2", "SIGPIPE", "SIGINT", "SIGTERM", "SIGQUIT"]
-LOGGED = {"SIGHUP": "reloading the model is not implemented yet", "SIGUSR1": "SIGUSR1 received: stats {"}
+LOGGED = {"SIGHUP": "SIGHUP: reloading ", "SIGUSR1": "SIGUSR1 received: stats {"}
 
 
 def is_stop(name: str) -> bool:

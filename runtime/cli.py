@@ -14,23 +14,21 @@ import json
 import logging
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime import __version__
+from runtime import __version__, classifier
 from runtime.appdir import DEFAULT_MODEL, default_model_dir, find_data_dir
-from runtime.cpu import CpuFeatures, probe
+from runtime.classifier import Setup
+from runtime.cpu import probe
 from runtime.framing import OutputFailed
-from runtime.package import Package, PackageError, load_package
+from runtime.package import PackageError, load_package
 from runtime.protocol import DEFAULT_MAX_BATCH, DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_TEXTS
-from runtime.stack import LegacyStackMissing, NumericStack, activate, stack_for
+from runtime.stack import LegacyStackMissing, stack_for
 from runtime.tiers import (
-    Choice,
     CpuUnsupported,
     NoUsableVariant,
     OverrideError,
-    PlatformTiers,
     check_tiers,
     load_platform,
     select,
@@ -112,19 +110,6 @@ def split_command(argv: list[str]) -> tuple[str, list[str]]:
     return "serve", argv
 
 
-@dataclass(frozen=True)
-class Setup:
-    """Everything decided before numpy/onnxruntime are imported."""
-
-    features: CpuFeatures
-    platform: PlatformTiers
-    choice: Choice
-    package: Package
-    threads: int
-    workers: int
-    stack: NumericStack
-
-
 def model_dir(args: argparse.Namespace) -> Path:
     """--model, else $DECIDE_MODEL, else the default package next to the app."""
     if args.model is not None:
@@ -140,43 +125,17 @@ def overrides(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
 
 def prepare(args: argparse.Namespace) -> Setup:
-    """CPU → tier → package → variant, the stdlib-only part of every command that runs the model."""
-    features = probe()
-    platform = load_platform(find_data_dir("platforms"), features.arch)
-    tier_override, variant_override = overrides(args)
-    # Refuse the CPU, or a tier whose numeric stack is missing, before touching the package.
-    tier = select(features, platform, None, tier_override).tier
-    stack = stack_for(tier)
-    package = load_package(model_dir(args))
-    choice = select(features, platform, package.manifest.variants.keys(), tier_override, variant_override)
+    """CPU → tier → package → variant (runtime.classifier.prepare) from the command line."""
     for flag in ("threads", "workers"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise UsageError(f"--{flag} must be at least 1")
-    cap = choice.tier.threads_max or features.usable_cores
-    threads = args.threads or min(features.usable_cores, cap)
-    workers = args.workers or min(features.usable_cores, cap)
-    activate(stack)  # before runtime.engine imports numpy
-    if stack.path is not None:
-        log.info("numeric stack: %s", stack.reason)
-    return Setup(features, platform, choice, package, threads, workers, stack)
+    return classifier.prepare(model_dir(args), *overrides(args), threads=args.threads, workers=args.workers)
 
 
 def load_engine(setup: Setup, args: argparse.Namespace, variant: str | None = None,
                 max_batch: int = DEFAULT_MAX_BATCH):
     """Import the numeric stack (only now) and build the warmed engine."""
-    from runtime.engine import Engine, EngineLimits, SessionSettings
-
-    ort_settings = setup.choice.tier.ort
-    settings = SessionSettings(
-        threads=setup.threads,
-        workers=setup.workers,
-        spinning=args.spin,
-        graph_optimization_level=ort_settings.get("graph_optimization_level", "extended"),
-        inter_op_threads=int(ort_settings.get("inter_op_threads", 1)),
-    )
-    engine = Engine(setup.package, variant or setup.choice.variant, settings, EngineLimits(max_batch=max_batch))
-    engine.warm_up()
-    return engine
+    return classifier.load_engine(setup, variant, max_batch, spin=args.spin)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
 
 from runtime import __version__
-from runtime.abstain import REASONS, AbstentionPolicy, decide
+from runtime.abstain import REASONS, AbstentionPolicy
+from runtime.classifier import answer
 from runtime.protocol import (
     INTERNAL_ERROR,
     ClassifyRequest,
@@ -36,7 +37,6 @@ from runtime.protocol import (
     LineTooLong,
     encode_line,
     parse_line,
-    result_json,
 )
 
 if TYPE_CHECKING:  # the engine imports numpy; the socket server builds a Service before it loads
@@ -226,9 +226,9 @@ class Service:
             clipped = request.clipped or (False,) * len(outcome)
             items = []
             for result, cut in zip(outcome, clipped):
-                decision = decide(result.probs, self.policy, result.unknown_share, result.novelty)
-                abstained[decision.reason] += decision.abstained
-                items.append(result_json(decision, result.probs, self.engine.labels, result.truncated or cut))
+                item = answer(result, self.policy, self.engine.labels, cut)  # the library's one path
+                abstained[item.reason] += item.abstained
+                items.append(item.to_json())
             body = items[0] if request.single else {"results": items}
             responses.append({"id": request.id, **body, "variant": self.variant, "ms": elapsed_ms})
         self.stats.add(abstained=+abstained)

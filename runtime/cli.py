@@ -1,4 +1,4 @@
-"""Command line: `decide [serve]`, `decide info`, `decide selftest`, `decide bench`.
+"""Command line: `decide [serve]`, `decide info`, `decide selftest`, `decide bench`, `decide score`.
 
 Order matters: arguments → CPU probe → tier choice → numeric stack (runtime.stack: which numpy
 goes first on sys.path) → package manifest, all stdlib; only then are numpy/onnxruntime imported
@@ -43,7 +43,7 @@ EXIT_SELFTEST_FAILED = 5
 EXIT_OUTPUT_FAILED = 6  # stdout cannot take the answers (full disk, closed, bad fd); not EPIPE
 EXIT_INTERRUPTED = 130  # Ctrl-C before serving started
 
-COMMANDS = ("serve", "info", "selftest", "bench")
+COMMANDS = ("serve", "info", "selftest", "bench", "score")
 ENV_MODEL, ENV_TIER, ENV_VARIANT = "DECIDE_MODEL", "DECIDE_TIER", "DECIDE_VARIANT"
 ENV_DEBUG = "DECIDE_DEBUG"
 
@@ -63,8 +63,9 @@ def build_parser(command: str) -> argparse.ArgumentParser:
             "info": "Show the probed CPU, every tier with pass/fail, and the choice.",
             "selftest": "Check the golden examples against each variant's own expected outputs and the FP32 reference on this machine.",
             "bench": "Latency percentiles and throughput per batch size, short and long texts.",
+            "score": "Classify a CSV, JSON-lines or Parquet file into a file of answers (resumable).",
         }[command],
-        epilog="Commands: serve (default), info, selftest, bench. Exit codes: 0 ok, 1 internal error, "
+        epilog="Commands: serve (default), info, selftest, bench, score. Exit codes: 0 ok, 1 internal error, "
         "2 usage, 3 CPU unsupported, 4 model package error, 5 selftest failed, 6 output failed.",
     )
     parser.add_argument("--model", type=Path, default=None,
@@ -93,6 +94,10 @@ def build_parser(command: str) -> argparse.ArgumentParser:
         from runtime import server  # stdlib only, like this module
 
         server.add_arguments(parser)
+    if command == "score":
+        from runtime import score  # stdlib only until it loads the model
+
+        score.add_arguments(parser)
     if command in ("info", "selftest", "bench"):
         parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     if command == "selftest":
@@ -339,7 +344,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-HANDLERS = {"serve": cmd_serve, "info": cmd_info, "selftest": cmd_selftest, "bench": cmd_bench}
+def cmd_score(args: argparse.Namespace) -> int:
+    """File in, file of answers out (runtime/score.py)."""
+    from runtime import score
+
+    return score.run(args)
+
+
+HANDLERS = {"serve": cmd_serve, "info": cmd_info, "selftest": cmd_selftest, "bench": cmd_bench, "score": cmd_score}
 
 
 def configure_logging(quiet: bool) -> None:

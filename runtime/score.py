@@ -62,9 +62,10 @@ READ_AHEAD = 4  # windows the reader thread keeps ready
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`decide score`'s own options (the shared ones come from runtime/cli.py)."""
-    parser.add_argument("input", type=Path, metavar="INPUT", help="records to score: .csv, .tsv, .jsonl "
+    # Strings, not Path: with --ray they may be URIs (s3://…), which Path would fold to s3:/….
+    parser.add_argument("input", metavar="INPUT", help="records to score: .csv, .tsv, .jsonl "
                         "(.ndjson, .json: JSON lines) or .parquet (needs pyarrow)")
-    parser.add_argument("--output", type=Path, required=True, metavar="OUTPUT",
+    parser.add_argument("--output", required=True, metavar="OUTPUT",
                         help="answers, by extension: .jsonl, .csv, .tsv or .parquet; written at the end in one step")
     parser.add_argument("--text-column", default="text", help="column (or JSON field) with the text (default: text)")
     parser.add_argument("--id-column", default=None, help="column copied to every answer row (default: id if "
@@ -282,6 +283,7 @@ def _run(args: argparse.Namespace) -> int:
         from runtime import ray_data
 
         return ray_data.run(args)
+    args.input, args.output = Path(args.input), Path(args.output)
     out_format, work = _check_paths(args)
     old_job = work.read_job() if args.resume and work.exists() else None
     same_input = old_job is not None and old_job.get("input") == fingerprint(args.input)

@@ -11,9 +11,9 @@ every window, no intra-op synchronisation on short texts).
 `plan` chooses processes × workers × threads from the usable cores: one process keeps up to
 PROCESS_CORES cores busy; beyond that its own Python work (parsing input, building answers and
 rows, under one GIL) would become the limit, so more cores get more processes, each with its own
-copy of the model (139 MB RSS for the default package with 1 thread, measured). Worker processes are spawned (not
-forked: the reader thread may hold locks), ignore SIGINT (the parent handles Ctrl-C) and die with
-their parent (PR_SET_PDEATHSIG), so a SIGKILLed run leaves no orphans behind.
+copy of the model (139 MB RSS for the default package with 1 thread, measured). Worker processes
+are spawned (not forked: the reader thread may hold locks), ignore SIGINT (the parent handles
+Ctrl-C) and die with their parent (PR_SET_PDEATHSIG), so a SIGKILLed run leaves no orphans.
 """
 
 from __future__ import annotations

@@ -265,10 +265,6 @@ def run(args: argparse.Namespace) -> int:
     except WorkerFailed as exc:
         log.error("%s", exc.message)
         return exc.code
-    except OSError as exc:
-        where = f" {exc.filename}" if exc.filename else ""
-        log.error("cannot write%s: %s; fix that and run again with --resume", where, exc.strerror or exc)
-        return cli.EXIT_OUTPUT_FAILED
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -296,6 +292,10 @@ def _run(args: argparse.Namespace) -> int:
     pool = _start_pool(args, setup, run_plan)  # exit 3/4 here: nothing written yet
     try:
         return _score(args, source, work, job, pool, run_plan, out_format, resume=old_job is not None)
+    except OSError as exc:  # reading errors arrive as InputError: this is the output side
+        where = f" {exc.filename}" if exc.filename else ""
+        log.error("cannot write%s: %s; fix that and run again with --resume", where, exc.strerror or exc)
+        return cli.EXIT_OUTPUT_FAILED
     finally:
         pool.close()
 

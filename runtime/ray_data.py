@@ -250,6 +250,13 @@ def _check(args: argparse.Namespace) -> tuple[str, str | None, str]:
     return fmt, id_column, out_format
 
 
+def ray_failure(exc: BaseException) -> str:
+    """The line that says what went wrong in a Ray exception (they carry remote tracebacks)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    reason = next((line for line in reversed(lines) if not line.startswith(("File ", "^", "~"))), type(exc).__name__)
+    return reason[:300]
+
+
 def run(args: argparse.Namespace) -> int:
     """`decide score --ray ADDRESS|local`: read, map_batches(DecidePredictor), write. OUTPUT is a
     directory of Ray Data's files; a local one is written beside it and moved into place only when
@@ -282,7 +289,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not local and _output_exists(args.output):
             _remove(args.output)  # --overwrite (checked above)
-        _write(scored, target, out_format)
+        try:
+            _write(scored, target, out_format)
+        except Exception as exc:  # Ray's own errors, e.g. a line pyarrow's JSON reader cannot parse
+            raise InputError(f"Ray Data could not finish the job: {ray_failure(exc)}") from exc
         if local:
             if Path(args.output).exists():
                 _remove(args.output)

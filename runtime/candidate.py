@@ -36,14 +36,15 @@ def initial(setup: Setup, args: argparse.Namespace) -> Loaded:
 def build(setup: Setup, args: argparse.Namespace, trusted: TrustedKeys, path: Path) -> Loaded:
     """Load, check, choose, warm and self-test the package at `path`; PackageError (or the tier
     picker's errors) say why it cannot serve."""
-    from runtime.cli import load_engine, overrides, sizes
+    from runtime.classifier import sizes
+    from runtime.cli import load_engine, overrides
     from runtime.selftest import run_golden
 
     package = load_package(path)
     signer = check_signature(package.root, package.manifest_bytes, package.signature, trusted)
     choice = select(setup.features, setup.platform, package.manifest.variants.keys(), *overrides(args))
     verify_files(package, beyond_variant(package.manifest, choice.variant))  # the engine hashes the rest
-    threads, workers = sizes(setup.features, choice.tier, args)
+    threads, workers = sizes(setup.features, choice.tier, args.threads, args.workers)
     ready = dataclasses.replace(setup, choice=choice, package=package, threads=threads, workers=workers,
                                 signer=signer)
     engine = load_engine(ready, args, max_batch=args.max_batch)

@@ -1,4 +1,4 @@
-"""Command line: `decide [serve]`, `decide info`, `decide selftest`, `decide bench`.
+"""Command line: `decide [serve]`, `decide info`, `decide selftest`, `decide bench`, `decide score`.
 
 Order matters: arguments → CPU probe → tier choice → numeric stack (runtime.stack: which numpy
 goes first on sys.path) → package manifest, all stdlib; only then are numpy/onnxruntime imported
@@ -14,26 +14,23 @@ import json
 import logging
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime import __version__, signing
+from runtime import __version__, classifier, signing
 from runtime.appdir import DEFAULT_MODEL, default_model_dir, find_data_dir
-from runtime.cpu import CpuFeatures, probe
+from runtime.classifier import Setup
+from runtime.cpu import probe
 from runtime.framing import OutputFailed
 from runtime.logs import configure_logging
-from runtime.package import Package, PackageError, beyond_variant, load_package, verify_files
+from runtime.package import PackageError, load_package
 from runtime.protocol import DEFAULT_MAX_BATCH, DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_TEXTS
-from runtime.stack import LegacyStackMissing, NumericStack, activate, stack_for
+from runtime.stack import LegacyStackMissing, stack_for
 from runtime.tiers import (
-    Choice,
     CpuUnsupported,
     NoUsableVariant,
     OverrideError,
     PlatformDataError,
-    PlatformTiers,
-    Tier,
     check_tiers,
     load_platform,
     select,
@@ -49,7 +46,7 @@ EXIT_SELFTEST_FAILED = 5
 EXIT_OUTPUT_FAILED = 6  # stdout cannot take the answers (full disk, closed, bad fd); not EPIPE
 EXIT_INTERRUPTED = 130  # a stop signal (Ctrl-C, SIGTERM, SIGQUIT) before serving started
 
-COMMANDS = ("serve", "info", "selftest", "bench")
+COMMANDS = ("serve", "info", "selftest", "bench", "score")
 SWAP_COMMANDS = ("reload", "rollback")  # clients of a running socket service (runtime/swapclient.py)
 ENV_MODEL, ENV_TIER, ENV_VARIANT = "DECIDE_MODEL", "DECIDE_TIER", "DECIDE_VARIANT"
 ENV_DEBUG = "DECIDE_DEBUG"
@@ -70,8 +67,9 @@ def build_parser(command: str) -> argparse.ArgumentParser:
             "info": "Show the probed CPU, every tier with pass/fail, and the choice.",
             "selftest": "Check the golden examples against each variant's own expected outputs and the FP32 reference on this machine.",
             "bench": "Latency percentiles and throughput per batch size, short and long texts.",
+            "score": "Classify a CSV, JSON-lines or Parquet file into a file of answers (resumable).",
         }[command],
-        epilog="Commands: serve (default), info, selftest, bench, reload, rollback. Exit codes: 0 ok, 1 internal error, "
+        epilog="Commands: serve (default), info, selftest, bench, score, reload, rollback. Exit codes: 0 ok, 1 internal error, "
         "2 usage, 3 CPU unsupported, 4 model package error, 5 selftest failed, 6 output failed.",
     )
     parser.add_argument("--model", type=Path, default=None,
@@ -109,6 +107,10 @@ def build_parser(command: str) -> argparse.ArgumentParser:
         from runtime import server  # stdlib only, like this module
 
         server.add_arguments(parser)
+    if command == "score":
+        from runtime import score  # stdlib only until it loads the model
+
+        score.add_arguments(parser)
     if command in ("info", "selftest", "bench"):
         parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     if command == "selftest":
@@ -126,21 +128,6 @@ def split_command(argv: list[str]) -> tuple[str, list[str]]:
     return "serve", argv
 
 
-@dataclass(frozen=True)
-class Setup:
-    """Everything decided before numpy/onnxruntime are imported."""
-
-    features: CpuFeatures
-    platform: PlatformTiers
-    choice: Choice
-    package: Package
-    threads: int
-    workers: int
-    stack: NumericStack
-    signer: signing.Signer | None = None  # who signed the package (None: unsigned)
-    trusted: signing.TrustedKeys = field(default_factory=signing.TrustedKeys)
-
-
 def model_dir(args: argparse.Namespace) -> Path:
     """--model, else $DECIDE_MODEL, else the default package next to the app."""
     if args.model is not None:
@@ -155,52 +142,19 @@ def overrides(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return (args.tier or os.environ.get(ENV_TIER) or None, args.variant or os.environ.get(ENV_VARIANT) or None)
 
 
-def sizes(features: CpuFeatures, tier: Tier, args: argparse.Namespace) -> tuple[int, int]:
-    """(threads, workers): the flags, else the usable cores (affinity and cgroup quota) within the tier's cap."""
-    default = min(features.usable_cores, tier.threads_max or features.usable_cores)
-    return args.threads or default, args.workers or default
-
-
 def prepare(args: argparse.Namespace) -> Setup:
-    """CPU → tier → package → variant, the stdlib-only part of every command that runs the model."""
-    features = probe()
-    platform = load_platform(find_data_dir("platforms"), features.arch)
-    tier_override, variant_override = overrides(args)
-    # Refuse the CPU, or a tier whose numeric stack is missing, before touching the package.
-    tier = select(features, platform, None, tier_override).tier
-    stack = stack_for(tier)
-    trusted = signing.TrustedKeys.configured(getattr(args, "trust_key", ()))  # a caller-made Namespace may lack it
-    package = load_package(model_dir(args))
-    signer = signing.check_signature(package.root, package.manifest_bytes, package.signature, trusted)
-    choice = select(features, platform, package.manifest.variants.keys(), tier_override, variant_override)
-    if trusted.enforced:  # a signed package is accepted whole: the files no variant served reads too
-        verify_files(package, beyond_variant(package.manifest, choice.variant))
+    """CPU → tier → package → variant (runtime.classifier.prepare) from the command line."""
     for flag in ("threads", "workers"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise UsageError(f"--{flag} must be at least 1")
-    threads, workers = sizes(features, choice.tier, args)
-    activate(stack)  # before runtime.engine imports numpy
-    if stack.path is not None:
-        log.info("numeric stack: %s", stack.reason)
-    return Setup(features, platform, choice, package, threads, workers, stack, signer, trusted)
+    return classifier.prepare(model_dir(args), *overrides(args), threads=args.threads, workers=args.workers,
+                              trust_keys=getattr(args, "trust_key", ()))  # a caller-made Namespace may lack it
 
 
 def load_engine(setup: Setup, args: argparse.Namespace, variant: str | None = None,
                 max_batch: int = DEFAULT_MAX_BATCH):
     """Import the numeric stack (only now) and build the warmed engine."""
-    from runtime.engine import Engine, EngineLimits, SessionSettings
-
-    ort_settings = setup.choice.tier.ort
-    settings = SessionSettings(
-        threads=setup.threads,
-        workers=setup.workers,
-        spinning=args.spin,
-        graph_optimization_level=ort_settings.get("graph_optimization_level", "extended"),
-        inter_op_threads=int(ort_settings.get("inter_op_threads", 1)),
-    )
-    engine = Engine(setup.package, variant or setup.choice.variant, settings, EngineLimits(max_batch=max_batch))
-    engine.warm_up()
-    return engine
+    return classifier.load_engine(setup, variant, max_batch, spin=args.spin)
 
 
 def watcher_for(args: argparse.Namespace):
@@ -309,7 +263,7 @@ def info_report(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
     try:
         choice = select(features, platform, variants, *overrides(args))
         report["choice"] = {"tier": choice.tier.name, "variant": choice.variant, "reasons": list(choice.reasons)}
-        report["threads"], report["workers"] = sizes(features, choice.tier, args)
+        report["threads"], report["workers"] = classifier.sizes(features, choice.tier, args.threads, args.workers)
         report["numeric_stack"] = stack_for(choice.tier).to_json()
         if choice.variant is not None:
             report["abstention"] = package.manifest.abstention_policy(choice.variant).to_json()
@@ -434,7 +388,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-HANDLERS = {"serve": cmd_serve, "info": cmd_info, "selftest": cmd_selftest, "bench": cmd_bench}
+def cmd_score(args: argparse.Namespace) -> int:
+    """File in, file of answers out (runtime/score.py)."""
+    from runtime import score
+
+    return score.run(args)
+
+
+HANDLERS = {"serve": cmd_serve, "info": cmd_info, "selftest": cmd_selftest, "bench": cmd_bench, "score": cmd_score}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runtime import __version__
-from runtime.abstain import REASONS, AbstentionPolicy, decide
+from runtime.abstain import REASONS, AbstentionPolicy
+from runtime.classifier import answer
 from runtime.protocol import (
     FORBIDDEN,
     INTERNAL_ERROR,
@@ -38,7 +39,6 @@ from runtime.protocol import (
     LineTooLong,
     encode_line,
     parse_line,
-    result_json,
 )
 
 if TYPE_CHECKING:  # the engine imports numpy; the socket server builds a Service before it loads
@@ -264,9 +264,9 @@ class Service:
             clipped = request.clipped or (False,) * len(outcome)
             items = []
             for result, cut in zip(outcome, clipped):
-                decision = decide(result.probs, served.policy, result.unknown_share, result.novelty)
-                abstained[decision.reason] += decision.abstained
-                items.append(result_json(decision, result.probs, served.engine.labels, result.truncated or cut))
+                item = answer(result, served.policy, served.engine.labels, cut)  # the library's one path
+                abstained[item.reason] += item.abstained
+                items.append(item.to_json())
             body = items[0] if request.single else {"results": items}
             responses.append({"id": request.id, **body, "variant": served.variant, "model": served.model,
                               "ms": elapsed_ms})

@@ -53,6 +53,7 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import signal
 import socket
 import threading
 import time
@@ -340,8 +341,20 @@ class SocketServer:
         actions = signals.Actions(stop=self._stop, stats=lambda: self.service.control(ControlRequest(None, "stats")),
                                   reload=lambda _stats: self.swaps.on_sighup())
         signals.ignore_the_ignored()
+        loop = self.loop
+
+        def caught(signum: int, _frame: object) -> None:
+            # A plain handler, not loop.add_signal_handler: asyncio learns of those signals from a
+            # byte in its self-pipe, which the batch threads' call_soon_threadsafe can fill; the
+            # byte is then dropped and the signal with it (a SIGTERM that never stopped the server).
+            # Python runs this in the main thread; the callback it queues wakes the loop.
+            try:
+                loop.call_soon_threadsafe(self._signal, signum, actions)
+            except RuntimeError:  # the loop has closed: serving is over
+                pass
+
         for signum, _action in signals.handled():
-            self.loop.add_signal_handler(signum, self._signal, signum, actions)
+            signal.signal(signum, caught)
 
     async def _drain(self) -> None:
         """Shutdown: wait for the connections while answers keep being written; close the rest
@@ -399,7 +412,7 @@ def run(config: ServerConfig, service: Service, load_engine: Callable[[], Loaded
     try:
         asyncio.run(server.serve(listener))
     finally:
-        signals.after_serving()  # asyncio restored the default actions when its loop closed
+        signals.after_serving()  # nothing in the table may end the exit path now
         listener.close()
         cleanup()
     if server.load_error is not None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -12,38 +11,7 @@ from torch import nn
 
 from models.metrics import classification_metrics
 from models.progress import Progress, log
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Hyper-parameters of one training run (recorded in the manifest's provenance)."""
-
-    epochs: int = 8
-    batch_size: int = 32
-    lr: float = 5e-5  # encoder
-    head_lr: float = 1e-3  # freshly initialised head
-    weight_decay: float = 0.01
-    patience: int = 2  # epochs without validation macro-F1 improvement before stopping
-    seed: int = 13
-    distill_alpha: float = 0.7  # weight of the teacher's soft targets (distillation only)
-    temperature: float = 2.0
-    max_steps: int = 0  # >0 stops early (tiny test runs)
-    freeze_layers: int = 0  # bottom encoder layers (and embeddings) kept frozen: cheaper backward
-
-
-@dataclass(frozen=True)
-class DistillConfig:
-    """Hyper-parameters of the feature distillation (recorded in the manifest's provenance)."""
-
-    epochs: int = 3
-    batch_size: int = 32
-    lr: float = 1e-4
-    weight_decay: float = 0.01
-    kd_weight: float = 1.0  # weight of the teacher head's soft targets next to the cosine loss
-    temperature: float = 2.0
-    head_reg: float = 1e-4  # L2 of the logistic regression (on W before LOGIT_SCALE)
-    seed: int = 13
-    max_steps: int = 0  # >0 stops early (tiny test runs)
+from models.recipes import TrainConfig
 
 
 def set_seed(seed: int) -> None:
@@ -53,7 +21,7 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def pad_batch(sequences: list, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_tensors(sequences: list, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad to the longest sequence: (input_ids, attention_mask) int64.
 
     Items may also be float [length, hidden] hidden states (cached lower layers): they are
@@ -75,7 +43,7 @@ def pad_batch(sequences: list, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]
     return ids, mask
 
 
-def _batches_by_length(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
+def shuffled_batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
     """Shuffled batches of similar length (less padding, faster on CPU)."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
@@ -83,18 +51,39 @@ def _batches_by_length(lengths: list[int], batch_size: int, rng: random.Random) 
     return batches
 
 
+def sorted_batches(sequences: list, batch_size: int) -> list[list[int]]:
+    """Index batches in length order (inference: least padding); results go back by index."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def warmup_then_linear(optimizer: torch.optim.Optimizer, total_steps: int,
+                       warmup_divisor: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Learning rate rising over the first 1/`warmup_divisor` of the steps, then falling to 0."""
+    warmup = max(1, total_steps // warmup_divisor)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup) * max(0.0, 1.0 - step / max(1, total_steps)))
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, scheduler, params, loss: torch.Tensor) -> None:
+    """One update: backward, gradient norm clipped to 1, step, schedule."""
+    optimizer.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+    scheduler.step()
+
+
 @torch.no_grad()
 def predict_logits(model: nn.Module, sequences: list, pad_id: int,
                    batch_size: int = 64) -> np.ndarray:
     """Logits for every sequence, in input order."""
     model.eval()
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     out = np.zeros((len(sequences), 0), dtype=np.float32)
     chunks = []
     progress = Progress("predict", len(sequences), every_s=15.0)
-    for start in range(0, len(order), batch_size):
-        index = order[start : start + batch_size]
-        ids, mask = pad_batch([sequences[i] for i in index], pad_id)
+    for index in sorted_batches(sequences, batch_size):
+        ids, mask = pad_tensors([sequences[i] for i in index], pad_id)
         chunks.append((index, model(ids, mask).float().numpy()))
         progress.advance(len(index))
     if chunks:
@@ -126,11 +115,9 @@ def cache_lower_states(model: nn.Module, sequences: list[list[int]], layers: int
 
     model.eval()
     out: list[torch.Tensor | None] = [None] * len(sequences)
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     progress = Progress(name, len(sequences))
-    for start in range(0, len(order), batch_size):
-        index = order[start : start + batch_size]
-        ids, mask = pad_batch([sequences[i] for i in index], pad_id)
+    for index in sorted_batches(sequences, batch_size):
+        ids, mask = pad_tensors([sequences[i] for i in index], pad_id)
         states = lower_states(model, ids, mask, layers)
         for row, i in enumerate(index):
             out[i] = states[row, : len(sequences[i])].clone()
@@ -157,9 +144,7 @@ def fit(model: nn.Module, train_seqs: list, train_labels: np.ndarray,
     total_steps = steps_per_epoch * config.epochs
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / max(1, total_steps // 10))
-        * max(0.0, 1.0 - step / max(1, total_steps)))
+    scheduler = warmup_then_linear(optimizer, total_steps, 10)
     weights = class_weights(train_labels, len(labels))
     lengths = [len(s) for s in train_seqs]
     best_f1, best_state, best_epoch, stale, step = -1.0, None, 0, 0, 0
@@ -168,8 +153,8 @@ def fit(model: nn.Module, train_seqs: list, train_labels: np.ndarray,
     history = []
     for epoch in range(1, config.epochs + 1):
         model.train()
-        for index in _batches_by_length(lengths, config.batch_size, rng):
-            ids, mask = pad_batch([train_seqs[i] for i in index], pad_id)
+        for index in shuffled_batches(lengths, config.batch_size, rng):
+            ids, mask = pad_tensors([train_seqs[i] for i in index], pad_id)
             target = torch.tensor(train_labels[index], dtype=torch.long)
             logits = model(ids, mask)
             loss = nn.functional.cross_entropy(logits, target, weight=weights)
@@ -179,11 +164,7 @@ def fit(model: nn.Module, train_seqs: list, train_labels: np.ndarray,
                 kd = nn.functional.kl_div(torch.log_softmax(logits / t, dim=-1), soft,
                                           reduction="batchmean") * t * t
                 loss = config.distill_alpha * kd + (1 - config.distill_alpha) * loss
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
+            optimizer_step(optimizer, scheduler, model.parameters(), loss)
             step += 1
             progress.advance(note=f"epoch {epoch} loss {loss.item():.3f}")
             if config.max_steps and step >= config.max_steps:

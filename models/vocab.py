@@ -12,8 +12,8 @@ so new id i is old id `kept[i]` and the embedding matrix is `old_embedding[kept]
 from __future__ import annotations
 
 import copy
-import json
 import functools
+import json
 import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 METASPACE = "\u2581"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def char_script(char: str) -> str | None:
     """Script of a letter or mark (first word of its Unicode name, 'CJK' for ideographs); None otherwise."""
     if not unicodedata.category(char).startswith(("L", "M")):

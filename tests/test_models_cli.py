@@ -5,12 +5,20 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures.factory_cli import (
+    in_private_mounts,
+    private_mounts_work,
+    run_models,
+    run_without_torch,
+)
 
 from models.userdata import MIN_EXAMPLES_PER_LABEL, DataError, read_labelled_file, split_examples
 
@@ -58,9 +66,6 @@ def tiny_rows() -> list[list[str]]:
     return [[f"{CODE_WORDS[label]}: {text}", label, lang] for (label, lang), texts in TINY_ROWS.items() for text in texts]
 
 
-def run_models(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "models", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -122,10 +127,13 @@ BAD_INPUTS = {
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path):
+    # without torch installed, within 2 s: the file is checked before training loads anything heavy
     make, extra, expected = BAD_INPUTS[case]
     data = make(tmp_path)
     out = tmp_path / "pkg"
-    result = run_models("train", "--data", str(data), "--out", str(out), *extra)
+    started = time.monotonic()
+    result = run_without_torch("train", "--data", str(data), "--out", str(out), *extra)
+    assert time.monotonic() - started <= 2.0
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
@@ -145,6 +153,93 @@ def test_out_that_is_not_a_package_is_refused(tmp_path):
     assert result.returncode == 2
     assert "not a model package" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def _one_line(result: subprocess.CompletedProcess) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def test_settings_that_are_not_recipe_keys_are_refused(tmp_path):
+    data = write_csv(tmp_path / "ok.csv", tiny_rows())
+    settings = tmp_path / "s.json"
+    settings.write_text(json.dumps({"student": {"epochz": 3}}))
+    result = run_without_torch("train", "--data", str(data), "--settings", str(settings), "--out", str(tmp_path / "p"))
+    assert result.returncode == 2 and "epochz" in _one_line(result)
+
+
+def test_training_without_the_factory_installed_says_what_to_install(tmp_path):
+    data = write_csv(tmp_path / "ok.csv", tiny_rows())
+    result = run_without_torch("train", "--data", str(data), "--out", str(tmp_path / "pkg"),
+                               env={"DECIDE_FACTORY_CACHE": str(tmp_path / "cache")})
+    assert result.returncode == 2
+    line = result.stderr.strip().splitlines()[-1]  # after the data summary line
+    assert "needs torch" in line and "pip install" in line and "Traceback" not in result.stderr
+    assert not (tmp_path / "pkg").exists()
+
+
+def _tiny_train(tmp: Path, out: Path, extra_env: dict | None = None) -> list[str]:
+    data = write_csv(tmp / "alarms.csv", tiny_rows())
+    settings = tmp / "tiny.json"
+    settings.write_text(json.dumps(TINY_SETTINGS))
+    return [sys.executable, "-m", "models", "train", "--data", str(data), "--settings", str(settings),
+            "--out", str(out)]
+
+
+@pytest.mark.skipif(bool(private_mounts_work()), reason=private_mounts_work() or "private mounts work")
+def test_out_on_a_read_only_or_small_file_system_is_refused_before_training(tmp_path):
+    data = write_csv(tmp_path / "ok.csv", tiny_rows())
+    place = tmp_path / "place"
+    place.mkdir()
+    for options, expected in (("ro,size=64m", "Read-only file system"), ("size=1m", "MB free")):
+        script = (f'mount -t tmpfs -o {options} tmpfs {place} && exec "$PYTHON" -c "$CODE" train '
+                  f'--data {data} --out {place}/pkg')
+        from fixtures.factory_cli import WITHOUT_FACTORY
+
+        started = time.monotonic()
+        result = in_private_mounts(script, env={"CODE": WITHOUT_FACTORY, "DECIDE_FACTORY_CACHE": str(tmp_path / "c")})
+        assert time.monotonic() - started <= 2.0
+        assert result.returncode == 2 and expected in _one_line(result), (options, result.stderr)
+    assert not list(place.iterdir())
+
+
+@pytest.mark.skipif(bool(private_mounts_work()), reason=private_mounts_work() or "private mounts work")
+def test_a_disk_that_fills_during_the_run_is_one_line_and_leaves_nothing(tmp_path):
+    pytest.importorskip("torch")
+    place = tmp_path / "place"
+    place.mkdir()
+    command = " ".join(_tiny_train(tmp_path, place / "pkg"))
+    # the file system has room when --out is checked; then a filler takes it all but 64 KB
+    script = (f"mount -t tmpfs -o size=64m tmpfs {place} && ({command} 2> {tmp_path}/log & pid=$!; "
+              f"until grep -q examples {tmp_path}/log 2>/dev/null; do sleep 0.1; done; "
+              f"head -c $(( $(df --output=avail -B1 {place} | tail -1) - 65536 )) /dev/zero > {place}/filler; "
+              f"wait $pid; echo rc=$?; rm {place}/filler; ls -A {place})")
+    result = in_private_mounts(script, env={"DECIDE_FACTORY_CACHE": str(tmp_path / "cache")})
+    log = (tmp_path / "log").read_text()
+    assert "rc=2" in result.stdout, result.stdout + log[-2000:]
+    assert log.strip().splitlines()[-1].startswith("error: no space left on the device"), log[-2000:]
+    assert "Traceback" not in log
+    assert result.stdout.strip().splitlines()[-1] == "rc=2"  # nothing left in the folder: no package, no staging
+
+
+@pytest.mark.parametrize("sent, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_during_publish_leaves_nothing_behind(tmp_path, sent, code):
+    pytest.importorskip("torch")
+    out = tmp_path / "pkg"
+    process = subprocess.Popen(_tiny_train(tmp_path, out), cwd=REPO, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "DECIDE_FACTORY_CACHE": str(tmp_path / "cache")})
+    deadline = time.monotonic() + 600
+    while not list(tmp_path.glob(".pkg.*.partial")):  # the staging directory: publishing has begun
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-2000:]
+        time.sleep(0.05)
+    time.sleep(0.5)
+    process.send_signal(sent)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == code, stderr[-2000:]
+    assert "no package was written" in stderr.strip().splitlines()[-1] and "Traceback" not in stderr
+    assert not out.exists() and not [p.name for p in tmp_path.iterdir() if p.name.startswith(".pkg")]
+    assert not [p for p in (tmp_path / "cache").rglob("*.tmp*")]  # no half-written cache file either
 
 
 def test_csv_quirks_are_read_and_bad_rows_counted(tmp_path):
@@ -171,7 +266,7 @@ def test_a_recipe_joins_its_extra_data_files(tmp_path):
     # a text under two labels across files is dropped like within one file
     from dataclasses import replace
 
-    from models.build import load_examples
+    from models.prepare import load_examples
     from models.recipes import load_recipe
 
     main = write_csv(tmp_path / "main.csv", [[f"motor {i} hot", "overheating", "en"] for i in range(4)]
@@ -193,7 +288,7 @@ def test_a_recipe_joins_its_extra_data_files(tmp_path):
     with pytest.raises(DataError, match="'other' has 2 examples"):
         load_examples(recipe)
     missing = replace(recipe, extra_data=(str(tmp_path / "absent.csv"),))
-    assert missing.fingerprint()["extra_data_sha256"] == [None]
+    assert missing.fingerprint()["extra_data"] == [None]
     with pytest.raises(DataError, match="no such file"):
         load_examples(missing)
 
@@ -254,10 +349,25 @@ def test_train_makes_a_package_the_runtime_selftests(tiny_package):
     assert provenance["data"]["labels"] == {"jam": 16, "leak": 16, "overheating": 16}
     assert sum(provenance["split"]["sizes"].values()) == 48
     assert 0.05 <= manifest["calibration"]["temperature"] <= 20
-    result = subprocess.run([sys.executable, "-m", "runtime", "selftest", "--model", str(out)], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "runtime", "selftest", "--model", str(out)], check=False, cwd=REPO,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "FAIL" not in result.stdout
+
+
+def test_the_checkpoint_cache_survives_renaming_out_and_moving_the_data(tiny_package, tmp_path):
+    # the cache key is the data's contents and the settings, not the package or file name
+    out, data = tiny_package
+    moved = tmp_path / "renamed-data.csv"
+    moved.write_bytes(data.read_bytes())
+    renamed = tmp_path / "another-name"
+    result = run_models("train", "--data", str(moved), "--settings", str(out.parent / "tiny.json"),
+                        "--out", str(renamed), env={"DECIDE_FACTORY_CACHE": str(out.parent / "cache")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "reusing cached checkpoint" in result.stderr and "[model]" not in result.stderr  # no training step ran
+    for name in ("model-fp32.onnx", "embeddings.bin", "tokenizer.json"):
+        assert (renamed / name).read_bytes() == (out / name).read_bytes(), name
+    assert json.loads((renamed / "manifest.json").read_text())["name"] == "another-name"
 
 
 def test_evaluate_json_matches_the_runtime(tiny_package):

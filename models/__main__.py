@@ -104,7 +104,7 @@ def _recipe(args: argparse.Namespace):
 def _train(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from models.prepare import load_examples
+    from models.recipe_data import load_examples
 
     if (args.data is None) == (args.recipe is None):
         raise UsageError("train needs --data FILE (your labelled file) or --recipe NAME (models/recipes/NAME.json)")
@@ -123,11 +123,10 @@ def _train(args: argparse.Namespace) -> int:
           + (f", {len(provenance['languages'])} languages" if data.has_language else "")
           + (f"; warning: {skipped}" if skipped else ""), file=sys.stderr, flush=True)
     _require_factory()
-    from models.pipeline import train_package
+    from models.train import train_package
 
-    manifest = train_package(recipe, out, reuse=not args.no_reuse)
-    print(f"[factory] package {out}: variants {', '.join(manifest.variants)}; next: "
-          f"python -m runtime selftest --model {out}", file=sys.stderr, flush=True)
+    train_package(recipe, out, reuse=not args.no_reuse)
+    print(f"[factory] next: python -m runtime selftest --model {out}", file=sys.stderr, flush=True)
     return 0
 
 
@@ -212,19 +211,19 @@ def _parser() -> argparse.ArgumentParser:
 COMMANDS = {"train": _train, "import": _import, "evaluate": _evaluate, "fetch-data": _fetch_data, "report": _report}
 
 
-def run(argv: list[str] | None = None) -> int:
+def run_command(argv: list[str] | None = None) -> int:
     """Parse the command line and run the factory step (exceptions propagate)."""
     args = _parser().parse_args(argv)
     return COMMANDS[args.command](args)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """run() with the documented exit codes: bad input is one stderr line and exit 2, never a traceback."""
+    """run_command() with the documented exit codes: bad input is one stderr line and exit 2, never a traceback."""
     started = time.monotonic()
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     try:
-        return run(argv)
+        return run_command(argv)
     except (DataError, UsageError, PackageError, OutDirError, PublishError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -24,15 +24,15 @@ from transformers import BertModel
 
 from models.cache import cache_dir, write_atomically
 from models.classifier import MeanFeatureHead, feature_vector, masked_mean
-from models.progress import Progress, log
-from models.recipes import DistillConfig
-from models.train import (
+from models.loops import (
     optimizer_step,
     pad_tensors,
     shuffled_batches,
     sorted_batches,
     warmup_then_linear,
 )
+from models.progress import Progress, log
+from models.recipes import DistillConfig
 
 TEACHER_PREFIX = "query: "  # e5's instruction prefix: the teacher's features are computed with it
 TEACHER_TAPS = (6, 12)  # teacher hidden states (1-based layer outputs) whose means form the features

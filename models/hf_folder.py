@@ -44,7 +44,7 @@ class HfFolder:
         return int(next((self.config[k] for k in keys if self.config.get(k) is not None), 0))
 
 
-def _config(hf_dir: Path) -> tuple[dict, tuple[str, ...]]:
+def _read_config(hf_dir: Path) -> tuple[dict, tuple[str, ...]]:
     config_path = hf_dir / "config.json"
     if not hf_dir.is_dir():
         raise DataError(f"{hf_dir}: no such directory")
@@ -162,7 +162,7 @@ def _check_tokenizer(hf_dir: Path, vocab_size: int) -> None:
 
 def read_hf_folder(hf_dir: Path) -> HfFolder:
     """Check a save_pretrained folder (see the module docstring); DataError for anything it cannot take."""
-    config, labels = _config(hf_dir)
+    config, labels = _read_config(hf_dir)
     files = _safetensors_files(hf_dir)
     folder = HfFolder(hf_dir, config, labels, sum(p.stat().st_size for p in files))
     shapes: dict[str, list[int]] = {}

@@ -3,7 +3,7 @@
 A recipe names its data — a built-in loader (`chatterbot-topics`, `rotten-tomatoes`) or a CSV /
 JSONL file — and the settings of every step. `python -m models train --data FILE` runs the
 `default` recipe (or its `quick` form) with the user's file in it; `python -m models train
---recipe NAME` runs a named recipe file. Both go through `models.pipeline.train_package`.
+--recipe NAME` runs a named recipe file. Both go through `models.train.train_package`.
 
 A recipe file may say `"extends": "default"` (settings from default.json, its own keys on top) and
 carry a `"quick"` object: the keys that change for `--quick`.
@@ -137,7 +137,7 @@ def _sha256(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
-def _config(cls: type, value: dict, key: str):
+def _settings(cls: type, value: dict, key: str):
     if not isinstance(value, dict):
         raise TypeError(f"{key} must be an object of settings")
     known = {f.name for f in fields(cls)}
@@ -155,11 +155,11 @@ def recipe_from_dict(data: dict) -> Recipe:
     if unknown:
         raise ValueError(f"unknown recipe keys: {', '.join(sorted(unknown))}")
     values = dict(data)
-    values["student"] = _config(TrainConfig, values["student"], "student")
+    values["student"] = _settings(TrainConfig, values["student"], "student")
     if values.get("teacher") is not None:
-        values["teacher"] = _config(TrainConfig, values["teacher"], "teacher")
+        values["teacher"] = _settings(TrainConfig, values["teacher"], "teacher")
     if values.get("feature_distill") is not None:
-        values["feature_distill"] = _config(DistillConfig, values["feature_distill"], "feature_distill")
+        values["feature_distill"] = _settings(DistillConfig, values["feature_distill"], "feature_distill")
         if values.get("teacher") is not None:
             raise ValueError("feature_distill has its own (frozen) teacher: set teacher to null")
     if values.get("transfer_text", "") not in TRANSFER_TEXTS:

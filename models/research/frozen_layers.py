@@ -10,26 +10,26 @@ from tokenizers import Tokenizer
 
 from models.assets import e5_tokenizer_file
 from models.encoder import bert_from_e5
-from models.research import common
+from models.research import harness
 
 torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
 prefix = sys.argv[1] if len(sys.argv) > 1 else "query: "
-clock = common.Clock()
+clock = harness.Clock()
 tok = Tokenizer.from_file(str(e5_tokenizer_file()))
 tok.enable_truncation(128)
 model = bert_from_e5()
-train, val = common.split_train()
-test = common.load_rows("test.csv")
+train, val = harness.split_train()
+test = harness.load_rows("test.csv")
 
 
-F = {n: common.layer_means(model, tok, [r["text"] for r in rows], prefix) for n, rows in (("train", train), ("val", val), ("test", test))}
-common.OUT.mkdir(parents=True, exist_ok=True)
-np.savez(common.OUT / f"frozen_layers_{prefix.strip(': ') or 'none'}.npz", **F)
+F = {n: harness.layer_means(model, tok, [r["text"] for r in rows], prefix) for n, rows in (("train", train), ("val", val), ("test", test))}
+harness.OUT.mkdir(parents=True, exist_ok=True)
+np.savez(harness.OUT / f"frozen_layers_{prefix.strip(': ') or 'none'}.npz", **F)
 emb = clock.read()
 for layer in range(12):
-    lv, lt = common.logistic_regression(F["train"][:, layer], common.y_of(train), [F["val"][:, layer], F["test"][:, layer]])
+    lv, lt = harness.logistic_regression(F["train"][:, layer], harness.y_of(train), [F["val"][:, layer], F["test"][:, layer]])
     pv, pt = lv.argmax(1), lt.argmax(1)
-    common.record(f"frozen e5 layers 1-{layer + 1} mean + LR, prefix={prefix!r}", {
-        "val_acc": round(float((pv == common.y_of(val)).mean()), 4), "val_min_lang": common.per_language(val, pv, 10)["min_acc"],
-        "test_acc": round(float((pt == common.y_of(test)).mean()), 4), "test_min_lang": common.per_language(test, pt)["min_acc"],
+    harness.record(f"frozen e5 layers 1-{layer + 1} mean + LR, prefix={prefix!r}", {
+        "val_acc": round(float((pv == harness.y_of(val)).mean()), 4), "val_min_lang": harness.per_language(val, pv, 10)["min_acc"],
+        "test_acc": round(float((pt == harness.y_of(test)).mean()), 4), "test_min_lang": harness.per_language(test, pt)["min_acc"],
         "embed": emb})

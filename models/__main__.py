@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from models.publish import PublishError
@@ -217,13 +218,14 @@ def run_command(argv: list[str] | None = None) -> int:
     return COMMANDS[args.command](args)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """run_command() with the documented exit codes: bad input is one stderr line and exit 2, never a traceback."""
+def guarded(action: Callable[[], int]) -> int:
+    """`action()` with the documented exit codes: bad input is one stderr line and exit 2, never a
+    traceback; SIGTERM and Ctrl-C unwind (the staging directory is removed) with 143 / 130."""
     started = time.monotonic()
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     try:
-        return run_command(argv)
+        return action()
     except (DataError, UsageError, PackageError, OutDirError, PublishError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -239,6 +241,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130 if isinstance(exc, KeyboardInterrupt) else 143
     except Exception as exc:  # noqa: BLE001 — the user gets one line; developers ask for the traceback
         return _internal(exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m models`: run_command() through `guarded`."""
+    return guarded(lambda: run_command(argv))
 
 
 def _internal(exc: Exception) -> int:

@@ -394,10 +394,11 @@ def text_feeds(encoder: TextEncoder, texts: Sequence[str], batch_size: int = 32)
 def main(argv: Sequence[str] | None = None) -> int:
     """`python3 -m models.quantize PACKAGE_DIR [--recipe NAME] [--version V]`: re-quantize a package's
     int8 variants from its FP32 graph (calibration: the training split of the recipe's data; gate:
-    validation + test). The recipe defaults to the one named like the package, else the embedded
-    default's (models/recipes/machine-alarms.json)."""
+    validation + test). The recipe defaults to the one the package was trained with, else the one
+    named like it, else the embedded default's (models/recipes/machine-alarms.json)."""
     import argparse
 
+    from models.__main__ import guarded
     from models.requantize import requantize_package
 
     parser = argparse.ArgumentParser(prog="python3 -m models.quantize", description=main.__doc__)
@@ -406,10 +407,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS_BY_NAME))
     args = parser.parse_args(argv)
-    manifest = requantize_package(args.package, args.recipe, version=args.version, names=args.variants)
-    print(json.dumps({"variants": list(manifest.variants),
-                      "rejected": manifest.provenance.get("rejected_variants", {})}, indent=2))
-    return 0
+
+    def run() -> int:
+        manifest = requantize_package(args.package, args.recipe, version=args.version, names=args.variants)
+        print(json.dumps({"variants": list(manifest.variants),
+                          "rejected": manifest.provenance.get("rejected_variants", {})}, indent=2))
+        return 0
+
+    return guarded(run)
 
 
 if __name__ == "__main__":

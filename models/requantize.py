@@ -18,17 +18,26 @@ from models.data import Example
 from models.publish import Fp32Graph, Heldout, Source, publish
 from models.quantize import VARIANTS_BY_NAME
 from models.recipe_data import load_examples, recipe_splits
-from models.recipes import load_recipe, recipe_names
+from models.recipes import Recipe, load_recipe, recipe_from_dict, recipe_names
 from runtime.appdir import DEFAULT_MODEL_NAME
 from runtime.package import Manifest, load_package, read_golden
 
 
-def recipe_for(package_name: str, recipe: str | None) -> str:
-    """The recipe whose data a package is re-quantized with: as asked, else the one named like the
-    package, else the embedded default's."""
+def recipe_for(manifest, recipe: str | None) -> Recipe:
+    """The recipe whose data a package is re-quantized with: as asked; else the one it was trained
+    with (its provenance), if that data is here; else the recipe named like the package; else the
+    embedded default's (models/recipes/machine-alarms.json)."""
     if recipe:
-        return recipe
-    return package_name if package_name in recipe_names() else DEFAULT_MODEL_NAME
+        return load_recipe(recipe)
+    recorded = manifest.provenance.get("recipe")
+    if isinstance(recorded, dict):
+        try:
+            trained = recipe_from_dict({**recorded, "description": manifest.description})
+        except (TypeError, ValueError, KeyError):
+            trained = None
+        if trained is not None and all(p.is_file() for p in (trained.data_path(), *trained.extra_paths()) if p):
+            return trained
+    return load_recipe(manifest.name if manifest.name in recipe_names() else DEFAULT_MODEL_NAME)
 
 
 def requantize_package(package_dir: Path, recipe_name: str | None = None, version: str | None = None,
@@ -36,7 +45,7 @@ def requantize_package(package_dir: Path, recipe_name: str | None = None, versio
     """Rebuild the package's int8 variants, golden set and manifest in place (replaced at the end)."""
     package = load_package(package_dir)
     manifest = package.manifest
-    recipe = load_recipe(recipe_for(manifest.name, recipe_name))
+    recipe = recipe_for(manifest, recipe_name)
     splits = recipe_splits(recipe, load_examples(recipe))
     golden = read_golden(package)
     temperature = manifest.temperature

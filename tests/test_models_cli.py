@@ -47,9 +47,9 @@ TINY_ROWS = {
                     "Flaschen umgefallen auf der Linie", "Trichter ist leer", "Rutsche verstopft",
                     "Folie im Wickler verklemmt", "Teile stauen sich an Station 3"],
 }
-TINY_SETTINGS = {"teacher": None, "student_layers": [0, 1], "vocab_budget": 3000, "golden_count": 6,
-                 "distill_augment": 0,
-                 "student": {"epochs": 6, "batch_size": 8, "lr": 2e-4, "head_lr": 3e-3, "patience": 6}}
+# the default recipe's path (feature distillation from frozen e5), shrunk: a 2-layer student, 3,000 pieces
+TINY_SETTINGS = {"student_layers": [0, 1], "vocab_budget": 3000, "golden_count": 6, "distill_augment": 0,
+                 "feature_distill": {"epochs": 3, "batch_size": 8, "lr": 3e-4, "head_reg": 1e-3}}
 
 
 def write_csv(path: Path, rows: list[list[str]], delimiter: str = ",", header=("text", "label", "lang")) -> Path:
@@ -334,7 +334,7 @@ def tiny_package(tmp_path_factory):
     result = run_models("train", "--data", str(data), "--settings", str(settings), "--out", str(out),
                         env={"DECIDE_FACTORY_CACHE": str(tmp / "cache")})
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "[model]" in result.stderr and "ETA" in result.stderr  # progress on stderr
+    assert "[student]" in result.stderr and "ETA" in result.stderr  # progress on stderr
     return out, data
 
 
@@ -363,10 +363,36 @@ def test_the_checkpoint_cache_survives_renaming_out_and_moving_the_data(tiny_pac
     result = run_models("train", "--data", str(moved), "--settings", str(out.parent / "tiny.json"),
                         "--out", str(renamed), env={"DECIDE_FACTORY_CACHE": str(out.parent / "cache")})
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "reusing cached checkpoint" in result.stderr and "[model]" not in result.stderr  # no training step ran
+    assert "reusing cached checkpoint" in result.stderr and "[student]" not in result.stderr  # no training step ran
     for name in ("model-fp32.onnx", "embeddings.bin", "tokenizer.json"):
         assert (renamed / name).read_bytes() == (out / name).read_bytes(), name
     assert json.loads((renamed / "manifest.json").read_text())["name"] == "another-name"
+
+
+def test_requantize_makes_the_int8_variants_again_from_the_same_fp32_graph(tiny_package, tmp_path):
+    import shutil
+
+    from runtime.package import load_package, verify_files, verify_golden_file
+
+    out, _ = tiny_package
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    result = subprocess.run([sys.executable, "-m", "models.quantize", str(copy), "--version", "9.9.9"], check=False,
+                            cwd=REPO, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "DECIDE_FACTORY_CACHE": str(out.parent / "cache")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    package = load_package(copy)
+    manifest = package.manifest
+    assert manifest.version == "9.9.9" and manifest.provenance["requantized"]["from_version"] == "1.0.0"
+    assert (copy / "model-fp32.onnx").read_bytes() == (out / "model-fp32.onnx").read_bytes()
+    assert set(manifest.variants) - {"fp32"}, manifest.provenance["rejected_variants"]  # an int8 variant again
+    for variant in manifest.variants.values():
+        verify_files(package, variant.files())
+    verify_golden_file(package)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".copy")]
+    selftest = subprocess.run([sys.executable, "-m", "runtime", "selftest", "--model", str(copy)], check=False,
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert selftest.returncode == 0, selftest.stdout + selftest.stderr
 
 
 def test_evaluate_json_matches_the_runtime(tiny_package):

@@ -8,6 +8,7 @@ copy (a 250k-piece table is 384 MB in float32).
 
 from __future__ import annotations
 
+import gc
 import shutil
 import tempfile
 import warnings
@@ -84,13 +85,16 @@ def share_word_table(path: Path, vocab_rows: int) -> tuple[str, ...]:
     return (SHARED_DATA_FILE,)
 
 
-def export_hf_fp32(model: torch.nn.Module, folder: HfFolder, out_dir: Path) -> tuple[str, tuple[str, ...], dict]:
-    """model-fp32.onnx (+ the shared word table) in out_dir; returns the graph's file name, its data
-    files and the fused-operator counts."""
-    pad_id = int(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
+def export_hf_fp32(holder: list, folder: HfFolder, out_dir: Path) -> tuple[str, tuple[str, ...], dict]:
+    """model-fp32.onnx (+ the shared word table) in out_dir from the torch model in `holder` (taken
+    out and freed once traced: fusion and the table move need the memory); returns the graph's file
+    name, its data files and the fused-operator counts."""
     with tempfile.TemporaryDirectory(prefix="decide-import-") as tmp:
         traced = Path(tmp) / "traced.onnx"
-        _trace(model, traced, pad_id)
+        model = holder.pop()
+        _trace(model, traced, int(model.config.pad_token_id if model.config.pad_token_id is not None else 0))
+        del model
+        gc.collect()
         onnx.checker.check_model(str(traced))
         fusion = _fuse(traced, out_dir / FP32_GRAPH, folder)
         if not fusion:

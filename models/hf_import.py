@@ -94,7 +94,7 @@ class TransformersModel:
             self.tokenizer = AutoTokenizer.from_pretrained(str(folder.path))
             model, info = AutoModelForSequenceClassification.from_pretrained(
                 str(folder.path), attn_implementation="eager", output_loading_info=True)
-        except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
+        except Exception as exc:  # noqa: BLE001 — transformers and safetensors raise many types for one cause
             raise DataError(f"{folder.path}: transformers cannot load it ({str(exc).splitlines()[0][:200]})") from None
         missing = [k for k in info.get("missing_keys", []) if "position_ids" not in k]
         if missing or info.get("mismatched_keys"):
@@ -115,16 +115,24 @@ class TransformersModel:
     def ids(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
 
-    def logits(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+    def logits(self, texts: list[str], batch_tokens: int = 4096) -> np.ndarray:
+        """The model's logits, texts batched by length (at most `batch_tokens` padded tokens a batch:
+        eager attention of 32 texts of 512 tokens alone is 400 MB a layer)."""
         import torch
 
-        out = []
+        lengths = [len(ids) for ids in self.ids(texts)]
+        order = sorted(range(len(texts)), key=lambda i: lengths[i])
+        out = np.zeros((len(texts), len(self.model.config.id2label)), dtype=np.float32)
         with torch.no_grad():
-            for start in range(0, len(texts), batch_size):
-                batch = self.tokenizer(texts[start:start + batch_size], truncation=True, max_length=self.max_length,
+            start = 0
+            while start < len(order):
+                rows = max(1, min(32, batch_tokens // lengths[order[min(start + 32, len(order)) - 1]]))
+                index = order[start:start + rows]
+                batch = self.tokenizer([texts[i] for i in index], truncation=True, max_length=self.max_length,
                                        padding=True, return_tensors="pt")
-                out.append(self.model(**batch).logits.float().numpy())
-        return np.concatenate(out) if out else np.zeros((0, len(self.model.config.id2label)), dtype=np.float32)
+                out[index] = self.model(**batch).logits.float().numpy()
+                start += len(index)
+        return out
 
 
 def check_tokenizer_json(reference: TransformersModel, tokenizer_json: dict, texts: list[str]) -> None:
@@ -181,12 +189,12 @@ def import_hf(hf_dir: Path, out_dir: Path, name: str, data_file: Path | None = N
     heldout = (Heldout([], examples, "true labels", f"--data {data_file} ({len(examples)} labelled examples)")
                if data_file is not None else
                _fp32_labelled(folder, examples, np.array([recorded[e.text] for e in examples])))
-    holder = [reference]
+    holder = [reference.model]  # the exporter takes it out: after tracing, nothing needs torch's copy
 
     def write_fp32(staging: Path) -> Fp32Graph:
         from models.hf_export import export_hf_fp32
 
-        graph, shared, fusion = export_hf_fp32(holder.pop().model, folder, staging)
+        graph, shared, fusion = export_hf_fp32(holder, folder, staging)
         return Fp32Graph(graph, shared, "fp32", {"fused_operators": fusion})
 
     source = Source(
@@ -204,6 +212,6 @@ def import_hf(hf_dir: Path, out_dir: Path, name: str, data_file: Path | None = N
                                       "model_type": folder.config.get("model_type"),
                                       "name_or_path": folder.config.get("_name_or_path")},
                     "gate_set": heldout.description, "probe_texts": len(probes), **provenance})
-    del reference
+    del reference  # the exporter holds the model; the recorded logits are all the other steps need
     return publish(source, out_dir)
 

@@ -353,6 +353,12 @@ def zipped_bytes(paths: Sequence[Path]) -> int:
     return total
 
 
+def _peak_rss_gb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux
+
+
 def tool_versions(*packages: str) -> dict[str, str]:
     """Installed versions of the packages that made the package (what is installed, else absent)."""
     versions = {}
@@ -391,6 +397,7 @@ def publish(source: Source, out_dir: Path, steps: Sequence[Callable[[Draft], Non
             begun = time.monotonic()
             step(draft)
             timings[step.__name__] = round(time.monotonic() - begun, 1)
+            log(f"{step.__name__}: {timings[step.__name__]:.0f}s, peak RSS so far {_peak_rss_gb():.2f} GB")
         manifest = _finish(draft, started, timings)
         swap_into(staging, out_dir)
     except BaseException as exc:

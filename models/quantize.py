@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from models.graph_data import reference_external_data, shared_data_layout
+from models.graph_data import shared_data_layout
 
 if TYPE_CHECKING:
     from runtime.text import TextEncoder
@@ -352,22 +352,48 @@ def quantize_variants(fp32_graph: Path, out_dir: Path, calibration_feeds: Iterab
         smooth_activation_outliers(plain, activation_stats(plain_path, list(smoothing_targets(plain)), feeds), alpha)
         smoothed_path = work / "fp32-smoothed.onnx"
         onnx.save(plain, str(smoothed_path))
+        originals = stub_external_data(plain)
+        stubbed_path = work / "fp32-smoothed-stubbed.onnx"
+        onnx.save(plain, str(stubbed_path))
         ranges: dict[str, tuple[float, float]] | None = None
         for name in names:
             variant = VARIANTS_BY_NAME[name]
             dynamic_path = work / f"{name}-dynamic.onnx"
-            quantize_dynamic_graph(smoothed_path, dynamic_path, variant)
+            quantize_dynamic_graph(stubbed_path, dynamic_path, variant)
             quantized = onnx.load(str(dynamic_path), load_external_data=False)
             if ranges is None:  # every variant quantizes the same activations
                 stats = activation_stats(smoothed_path, dynamic_inputs(quantized), feeds)
                 ranges = {tensor: (s.low, s.high) for tensor, s in stats.items()}
             pin_activation_scales(quantized, ranges)
             fuse_integer_matmuls(quantized)
-            reference_external_data(quantized, layout)
+            restore_external_data(quantized, originals)
             path = out_dir / f"model-{name}.onnx"
             onnx.save(quantized, str(path))
             paths[name] = path
     return paths
+
+
+def stub_external_data(model: onnx.ModelProto) -> dict[str, TensorProto]:
+    """Replace each initializer kept in an external-data file (the word table) by a one-row
+    stand-in of its type and width; returns name → the original reference. ORT's quantizer never
+    changes the table (a Gather's), but it would load it and copy it several times: an imported
+    250k-piece float32 table is 384 MB a copy."""
+    originals = {}
+    for init in model.graph.initializer:
+        if init.data_location == TensorProto.EXTERNAL:
+            original = TensorProto()
+            original.CopyFrom(init)
+            originals[init.name] = original
+            dtype = helper.tensor_dtype_to_np_dtype(init.data_type)
+            init.CopyFrom(numpy_helper.from_array(np.zeros([1, *init.dims[1:]], dtype=dtype), init.name))
+    return originals
+
+
+def restore_external_data(model: onnx.ModelProto, originals: dict[str, TensorProto]) -> None:
+    """Put the original external-data references back in place of `stub_external_data`'s stand-ins."""
+    for init in model.graph.initializer:
+        if init.name in originals:
+            init.CopyFrom(originals[init.name])
 
 
 def calibration_record(feeds: Sequence[dict[str, np.ndarray]], source: str, alpha: float = SMOOTHING_ALPHA) -> dict:
@@ -377,17 +403,22 @@ def calibration_record(feeds: Sequence[dict[str, np.ndarray]], source: str, alph
             "ranges": "min/max over unpadded tokens", "smoothing": {"method": "SmoothQuant", "alpha": alpha}}
 
 
-def text_feeds(encoder: TextEncoder, texts: Sequence[str], batch_size: int = 32) -> list[dict[str, np.ndarray]]:
+def text_feeds(encoder: TextEncoder, texts: Sequence[str], batch_size: int = 32,
+               batch_tokens: int = 2048) -> list[dict[str, np.ndarray]]:
     """{input_ids, attention_mask} batches of texts sorted by length (little padding), tokenized by
-    the runtime's own `TextEncoder` for the package (the ids the model will be fed)."""
+    the runtime's own `TextEncoder` for the package (the ids the model will be fed). A batch holds
+    at most `batch_tokens` padded tokens: calibration fetches every quantized op's input, so a
+    batch of 32 texts of 512 tokens would hold gigabytes of activations."""
     from runtime.text import pad_batch
 
     items = sorted(encoder.encode(list(texts)), key=lambda item: len(item.ids))
-    feeds = []
-    for start in range(0, len(items), batch_size):
-        batch = items[start:start + batch_size]
+    feeds, start = [], 0
+    while start < len(items):
+        rows = max(1, min(batch_size, batch_tokens // len(items[min(start + batch_size, len(items)) - 1].ids)))
+        batch = items[start:start + rows]
         ids, mask = pad_batch(batch, max(len(item.ids) for item in batch), encoder.pad_id)
         feeds.append({"input_ids": ids, "attention_mask": mask})
+        start += len(batch)
     return feeds
 
 

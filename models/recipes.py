@@ -83,6 +83,7 @@ class Recipe:
     feature_distill: DistillConfig | None = None
     transfer_text: str = ""  # unlabelled text for feature distillation: "" or "chatterbot-corpus"
     calibrate: bool = True  # fit a softmax temperature on the validation split
+    calibration_texts: int = 0  # >0: the int8 activation ranges come from this many training texts (spread), 0 = all
     extra: dict = field(default_factory=dict)
 
     def fingerprint(self, stage: str = "model") -> dict:
@@ -94,7 +95,7 @@ class Recipe:
         path = self.data_path()
         data["dataset"] = _sha256(path) if path is not None else self.dataset
         data["extra_data"] = [_sha256(p) for p in self.extra_paths()]  # a missing file: load_examples says so
-        for key in ("name", "version", "description", "golden_count", "variants", "calibrate"):
+        for key in ("name", "version", "description", "golden_count", "variants", "calibrate", "calibration_texts"):
             data.pop(key)
         if stage == "teacher":
             for key in ("student", "student_layers", "vocab_budget", "distill_augment", "feature_distill",

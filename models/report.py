@@ -68,7 +68,7 @@ def manifest_report(package_dir: Path) -> str:
     lines += ["", (f"{sizes.get('files_bytes', 0) / 1e6:.1f} MB on disk, {sizes.get('zip9_bytes', 0) / 1e6:.1f} MB "
               f"zip -9 ({counted}).")]
     for name, failures in provenance.get("rejected_variants", {}).items():
-        lines.append(f"\nRejected by the gate: **{name}**: {'; '.join(failures)}")
+        lines.append(f"\nNot published: **{name}**: {'; '.join(failures)}")
 
     vocabulary = provenance.get("vocabulary", {})
     unk = vocabulary.get("unk_rate_test", {})

@@ -76,8 +76,9 @@ def select_pieces(tokenizer_json: dict, train_texts: list[str], budget: int) -> 
 def trim_tokenizer_json(tokenizer_json: dict, kept: np.ndarray, max_length: int) -> dict:
     """A Unigram tokenizer.json restricted to `kept` old ids (renumbered 0..len-1), truncating at max_length."""
     new_id = {int(old): new for new, old in enumerate(kept)}
-    trimmed = copy.deepcopy(tokenizer_json)
-    model = trimmed["model"]
+    # everything but the base vocabulary (250k pieces, replaced below): copying it took seconds
+    trimmed = copy.deepcopy({k: v for k, v in tokenizer_json.items() if k != "model"})
+    trimmed["model"] = model = copy.deepcopy({k: v for k, v in tokenizer_json["model"].items() if k != "vocab"})
     if model["type"] != "Unigram":
         raise ValueError(f"vocabulary trimming supports Unigram tokenizers, not {model['type']}")
     model["vocab"] = [tokenizer_json["model"]["vocab"][int(old)] for old in kept]

@@ -1,138 +1,41 @@
-"""Evaluate ONNX variants with ONNX Runtime: logits, metrics per language, golden set, latency."""
+"""A package measured through the runtime's own code: `runtime.engine.Engine` (its tokenizer,
+buckets, batching and calibrated softmax) on labelled texts.
+
+`python -m models evaluate` and every evaluation the factory makes while publishing a package
+(models/publish.py) classify through here, so the figures are what ships. Torch-free.
+"""
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 
 from models.progress import Progress
 
 
-def ort_session(path: Path, threads: int = 1) -> ort.InferenceSession:
-    """A CPU session with the portable (EXTENDED) optimization level the runtime uses."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+def uncalibrated(package):
+    """The package as seen without its temperature (scores at T = 1), e.g. to compare with the
+    model it was made from."""
+    from runtime.package import Package
+
+    return Package(package.root, replace(package.manifest, calibration={}))
 
 
-def pad_numpy(sequences: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Right-padded int64 (input_ids, attention_mask)."""
-    width = max(len(s) for s in sequences)
-    ids = np.full((len(sequences), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(sequences), width), dtype=np.int64)
-    for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = seq
-        mask[row, : len(seq)] = 1
-    return ids, mask
-
-
-def ort_logits(session: ort.InferenceSession, sequences: list[list[int]], pad_id: int,
-               batch_size: int = 32, name: str = "onnxruntime") -> np.ndarray:
-    """Logits for every sequence (batched by length), in input order."""
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
-    out: np.ndarray | None = None
-    progress = Progress(name, len(sequences))
-    for start in range(0, len(order), batch_size):
-        index = order[start : start + batch_size]
-        ids, mask = pad_numpy([sequences[i] for i in index], pad_id)
-        (logits,) = session.run(["logits"], {"input_ids": ids, "attention_mask": mask})
-        if out is None:
-            out = np.zeros((len(sequences), logits.shape[1]), dtype=np.float32)
-        out[index] = logits
-        progress.advance(len(index))
-    return out if out is not None else np.zeros((0, 0), dtype=np.float32)
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise softmax in float64 (as the runtime computes it)."""
-    shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
-    exp = np.exp(shifted)
-    return exp / exp.sum(axis=1, keepdims=True)
-
-
-def batch1_latency_ms(session: ort.InferenceSession, sequence: list[int], pad_id: int,
-                      runs: int = 200) -> dict:
-    """Median and p90 wall time of one single-text session.run (after 20 warm-up runs)."""
-    ids, mask = pad_numpy([sequence], pad_id)
-    feed = {"input_ids": ids, "attention_mask": mask}
-    for _ in range(20):
-        session.run(["logits"], feed)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        session.run(["logits"], feed)
-        times.append((time.perf_counter() - start) * 1000)
-    return {"tokens": len(sequence), "median_ms": round(float(np.median(times)), 3),
-            "p90_ms": round(float(np.percentile(times, 90)), 3), "runs": runs, "threads": 1}
-
-
-def single_probs(session: ort.InferenceSession, sequence: list[int], pad_id: int,
-                 width: int | None = None) -> np.ndarray:
-    """Probabilities for one text run alone, right-padded to `width` tokens (None: no padding).
-
-    Dynamic int8 quantization scales activations over the whole input tensor, padding included,
-    so an int8 variant's output depends on how the runtime pads; the golden set is checked under
-    several paddings.
-    """
-    ids, mask = pad_numpy([sequence], pad_id)
-    if width is not None and width > ids.shape[1]:
-        extra = width - ids.shape[1]
-        ids = np.pad(ids, ((0, 0), (0, extra)), constant_values=pad_id)
-        mask = np.pad(mask, ((0, 0), (0, extra)))
-    (logits,) = session.run(["logits"], {"input_ids": ids, "attention_mask": mask})
-    return softmax(logits)[0]
-
-
-def select_golden(languages: list[str], true_labels: np.ndarray, reference_probs: np.ndarray,
-                  variant_probs: dict[str, np.ndarray], count: int = 30, min_margin: float = 0.3) -> list[int]:
-    """Indices of clear-cut examples, spread across languages round-robin.
-
-    An example qualifies when the reference and every variant predict the true label and the
-    reference's top probability beats the runner-up by `min_margin` (not borderline, so small
-    numeric differences between variants or CPUs cannot flip it).
-    """
-    top2 = np.sort(reference_probs, axis=1)[:, -2:]
-    qualifies = (reference_probs.argmax(1) == true_labels) & (top2[:, 1] - top2[:, 0] >= min_margin)
-    for probs in variant_probs.values():
-        qualifies &= probs.argmax(1) == true_labels
-    by_language: dict[str, list[int]] = {}
-    for index in np.flatnonzero(qualifies):
-        by_language.setdefault(languages[index], []).append(int(index))
-    chosen: list[int] = []
-    label_counts: dict[int, int] = {}
-    while len(chosen) < count and any(by_language.values()):
-        for language in sorted(by_language):
-            pool = by_language[language]
-            if not pool or len(chosen) >= count:
-                continue
-            # within a language, take the topic the set has least of so far: labels stay varied
-            pick = min(pool, key=lambda i: (label_counts.get(int(true_labels[i]), 0), i))
-            pool.remove(pick)
-            chosen.append(pick)
-            label_counts[int(true_labels[pick])] = label_counts.get(int(true_labels[pick]), 0) + 1
-    return chosen
-
-
-# ----------------------------------------------------------------------------- a package on a labelled file
-
-def _classify_probs(engine, texts: list[str], chunk: int = 64) -> np.ndarray:
-    """Probabilities from the runtime's own Engine (its tokenizer, buckets and batching)."""
+def classify_probs(engine, texts: list[str], chunk: int = 64) -> np.ndarray:
+    """Probabilities [len(texts), labels] from the runtime's Engine (its tokenizer, buckets and batching)."""
     rows: list[tuple[float, ...]] = []
     progress = Progress(f"evaluate {engine.variant.name}", len(texts))
     for start in range(0, len(texts), chunk):
         batch = texts[start : start + chunk]
         rows += [c.probs for c in engine.classify(batch)]
         progress.advance(len(batch))
-    return np.array(rows, dtype=np.float64)
+    return np.array(rows, dtype=np.float64).reshape(len(texts), len(engine.labels))
 
 
-def _engine_latency_ms(engine, texts: list[str], runs: int = 100) -> dict:
+def engine_latency_ms(engine, texts: list[str], runs: int = 100) -> dict:
     """Median / p90 wall time of Engine.classify on one text at a time (tokenizer included)."""
     sample = [texts[i % len(texts)] for i in range(runs)]
     for text in sample[:10]:
@@ -142,8 +45,10 @@ def _engine_latency_ms(engine, texts: list[str], runs: int = 100) -> dict:
         start = time.perf_counter()
         engine.classify([text])
         times.append((time.perf_counter() - start) * 1000)
+    tokens = sorted(len(item.ids) for item in engine.encoder.encode(sample))
     return {"median_ms": round(float(np.median(times)), 3), "p90_ms": round(float(np.percentile(times, 90)), 3),
-            "runs": runs, "threads": engine.settings.threads, "includes": "tokenizer + session.run + softmax"}
+            "runs": runs, "median_tokens": tokens[len(tokens) // 2], "threads": engine.settings.threads,
+            "includes": "tokenizer + session.run + softmax"}
 
 
 def evaluate_package(model_dir: Path, data_file: Path | list[Path], variant: str | None = None, text_column: str = "text",
@@ -160,7 +65,7 @@ def evaluate_package(model_dir: Path, data_file: Path | list[Path], variant: str
     from models.metrics import classification_metrics, confusion_pairs, metrics_by_language
     from models.userdata import DataError, join_loaded, read_labelled_file
     from runtime.engine import Engine, SessionSettings
-    from runtime.package import MANIFEST_NAME, PackageError, load_package
+    from runtime.package import PackageError, load_package
 
     package = load_package(model_dir)
     manifest = package.manifest
@@ -175,10 +80,7 @@ def evaluate_package(model_dir: Path, data_file: Path | list[Path], variant: str
     if unknown:
         raise DataError(f"{data_file}: column {label_column!r}: labels not in the model: {', '.join(map(repr, unknown))} "
                         f"(the model's labels: {', '.join(manifest.labels)})")
-    import json
-
-    temperature = (json.loads((Path(model_dir) / MANIFEST_NAME).read_text(encoding="utf-8"))
-                   .get("calibration") or {}).get("temperature")
+    temperature = manifest.calibration.get("temperature")
     texts = [e.text for e in data.examples]
     y_true = np.array([index[e.label] for e in data.examples], dtype=np.int64)
     languages = [e.language for e in data.examples]
@@ -188,7 +90,7 @@ def evaluate_package(model_dir: Path, data_file: Path | list[Path], variant: str
     fp32_pred = None
     for name in names:
         engine = Engine(package, name, SessionSettings(threads=1))
-        probs = _classify_probs(engine, texts)
+        probs = classify_probs(engine, texts)
         pred = probs.argmax(1)
         overall = classification_metrics(y_true, pred, manifest.labels)
         result: dict = {
@@ -197,7 +99,7 @@ def evaluate_package(model_dir: Path, data_file: Path | list[Path], variant: str
             "confusions": confusion_pairs(y_true, pred, manifest.labels),
             "calibration": {"coverage": coverage_table(probs, y_true),
                             "ece": round(expected_calibration_error(probs, y_true), 4)},
-            "latency_batch1": _engine_latency_ms(engine, texts, latency_runs),
+            "latency_batch1": engine_latency_ms(engine, texts, latency_runs),
         }
         if temperature:
             # The engine answers calibrated scores (logits / T); log(p) · T gives back the raw
@@ -222,7 +124,7 @@ def format_evaluation(report: dict) -> str:
     """The evaluation report as Markdown tables (what `python -m models evaluate` prints)."""
     names = list(report["variants"])
     variants = report["variants"]
-    pct = lambda v: "–" if v is None else f"{100 * v:.1f}"  # noqa: E731
+    pct = lambda v: "–" if v is None else f"{100 * v:.1f}"
     lines = [f"## {report['model']} {report['version']} on {report['data']} ({report['examples']} examples)", ""]
     if report["skipped"]:
         lines += ["skipped: " + ", ".join(f"{n} {why}" for why, n in report["skipped"].items()), ""]

@@ -117,26 +117,26 @@ def _read_csv(path: Path, text: str, text_column: str, label_column: str) -> tup
             missing = header[len(fields)]
             raise DataError(f"{path}: line {line}, column {missing!r}: {len(fields)} fields, the header has "
                             f"{len(header)} (a {delimiter!r} inside a text needs quotes)")
-
-        def get(name: str) -> str:
-            return fields[index[name]] if name in index else ""
-
-        rows.append(_Row(line, get(text_column), get(label_column), get(LANG_COLUMN).strip(),
-                         get(GROUP_COLUMN).strip()))
+        values = {name: fields[i] for name, i in index.items()}  # a repeated header name: its first column
+        rows.append(_Row(line, values[text_column], values[label_column], values.get(LANG_COLUMN, "").strip(),
+                         values.get(GROUP_COLUMN, "").strip()))
     return rows, set(header)
+
+
+def _json_object(path: Path, line_no: int, line: str) -> dict:
+    try:
+        item = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise DataError(f"{path}: line {line_no}: not a JSON object ({exc.__class__.__name__})") from None
+    if not isinstance(item, dict):
+        raise DataError(f"{path}: line {line_no}: expected a JSON object, got {type(item).__name__}")
+    return item
 
 
 def _read_jsonl(path: Path, text: str, text_column: str, label_column: str) -> tuple[list[_Row], set[str]]:
     rows, columns = [], set()
-    for line_no, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except (ValueError, RecursionError) as exc:
-            raise DataError(f"{path}: line {line_no}: not a JSON object ({exc.__class__.__name__})") from None
-        if not isinstance(item, dict):
-            raise DataError(f"{path}: line {line_no}: expected a JSON object, got {type(item).__name__}")
+    numbered = ((n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip())
+    for line_no, item in ((n, _json_object(path, n, line)) for n, line in numbered):
         for column, option in ((text_column, "--text-column"), (label_column, "--label-column")):
             if column not in item:
                 raise DataError(f"{path}: line {line_no}: no key {column!r} (keys: {', '.join(item)}); "

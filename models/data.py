@@ -49,6 +49,7 @@ class Example:
     label: str
     language: str
     group: str = ""  # rows of one group (translations, near-duplicates) stay in one split
+    kind: str = ""  # what the text is for the abstention figures (models/scope_metrics.py); "" = not said
 
 
 @dataclass(frozen=True)

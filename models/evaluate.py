@@ -24,15 +24,55 @@ def uncalibrated(package):
     return Package(package.root, replace(package.manifest, calibration={}))
 
 
-def classify_probs(engine, texts: list[str], chunk: int = 64) -> np.ndarray:
-    """Probabilities [len(texts), labels] from the runtime's Engine (its tokenizer, buckets and batching)."""
-    rows: list[tuple[float, ...]] = []
+def classify_results(engine, texts: list[str], chunk: int = 64) -> list:
+    """The runtime Engine's Classification of each text (its tokenizer, buckets and batching)."""
+    results: list = []
     progress = Progress(f"evaluate {engine.variant.name}", len(texts))
     for start in range(0, len(texts), chunk):
         batch = texts[start : start + chunk]
-        rows += [c.probs for c in engine.classify(batch)]
+        results += engine.classify(batch)
         progress.advance(len(batch))
+    return results
+
+
+def classify_probs(engine, texts: list[str], chunk: int = 64) -> np.ndarray:
+    """Probabilities [len(texts), labels] from the runtime's Engine (its tokenizer, buckets and batching)."""
+    rows = [c.probs for c in classify_results(engine, texts, chunk)]
     return np.array(rows, dtype=np.float64).reshape(len(texts), len(engine.labels))
+
+
+def scope_figures(package, variant: str, examples: list, results: list) -> dict:
+    """The abstention report of one variant (models/scope_metrics.py) on a file with a kind column:
+    the runtime's own decision for every text; for cases also per language."""
+    from models.scope_metrics import CASE, scope_report
+    from runtime.abstain import decide
+
+    policy = package.manifest.abstention_policy(variant)
+    decisions = [decide(r.probs, policy, r.unknown_share, r.novelty) for r in results]
+    kinds = [e.kind or CASE for e in examples]
+    truths = [e.label or None for e in examples]
+    report = scope_report(kinds, truths, decisions)
+    by_language: dict[str, list] = {}
+    for kind, example, decision in zip(kinds, examples, decisions):
+        if kind == CASE:
+            by_language.setdefault(example.language, []).append((example.label, decision))
+    report["case_by_language"] = {
+        language: {"n": len(rows), "leaning_accuracy": round(sum(d.leaning == t for t, d in rows) / len(rows), 4),
+                   "flagged": round(sum(d.abstained for _, d in rows) / len(rows), 4)}
+        for language, rows in sorted(by_language.items())}
+    return report
+
+
+def check_kinds(package, examples: list) -> list[str]:
+    """Warnings for kinds of texts the package has no way to flag (one line each)."""
+    from models.scope_metrics import NON_CASES
+
+    manifest = package.manifest
+    kinds = sorted({e.kind for e in examples if e.kind in NON_CASES})
+    if kinds and not manifest.abstention.get("negative_labels") and manifest.novelty_output() is None:
+        return [(f"warning: {manifest.name} has no negative label and no novelty score: its {', '.join(kinds)} "
+                 "texts can only be flagged as unreadable (or low_score with --min-score)")]
+    return []
 
 
 def engine_latency_ms(engine, texts: list[str], runs: int = 100) -> dict:
@@ -45,7 +85,7 @@ def engine_latency_ms(engine, texts: list[str], runs: int = 100) -> dict:
         start = time.perf_counter()
         engine.classify([text])
         times.append((time.perf_counter() - start) * 1000)
-    tokens = sorted(len(item.ids) for item in engine.encoder.encode(sample))
+    tokens = sorted(len(item.ids) for item in engine.encoder.tokenize(sample))
     return {"median_ms": round(float(np.median(times)), 3), "p90_ms": round(float(np.percentile(times, 90)), 3),
             "runs": runs, "median_tokens": tokens[len(tokens) // 2], "threads": engine.settings.threads,
             "includes": "tokenizer + session.run + softmax"}
@@ -76,21 +116,28 @@ def evaluate_package(model_dir: Path, data_file: Path | list[Path], variant: str
     data = join_loaded([read_labelled_file(f, text_column, label_column, for_training=False) for f in files])
     data_file = " + ".join(map(str, files))
     index = {label: i for i, label in enumerate(manifest.labels)}
-    unknown = sorted({e.label for e in data.examples} - set(index))
+    unknown = sorted({e.label for e in data.examples if e.label} - set(index))
     if unknown:
         raise DataError(f"{data_file}: column {label_column!r}: labels not in the model: {', '.join(map(repr, unknown))} "
                         f"(the model's labels: {', '.join(manifest.labels)})")
+    labelled = [i for i, e in enumerate(data.examples) if e.label]  # non-cases have no right label
+    if not labelled:
+        raise DataError(f"{data_file}: no row has a label (non-case kinds only): nothing to measure accuracy on")
+    has_kinds = any(e.kind for e in data.examples)
     temperature = manifest.calibration.get("temperature")
-    texts = [e.text for e in data.examples]
-    y_true = np.array([index[e.label] for e in data.examples], dtype=np.int64)
-    languages = [e.language for e in data.examples]
+    all_texts = [e.text for e in data.examples]
+    texts = [all_texts[i] for i in labelled]
+    y_true = np.array([index[data.examples[i].label] for i in labelled], dtype=np.int64)
+    languages = [data.examples[i].language for i in labelled]
     report: dict = {"model": manifest.name, "version": manifest.version, "data": str(data_file),
                     "data_sha256": data.sha256, "examples": len(texts), "skipped": data.skipped,
-                    "labels": list(manifest.labels), "variants": {}}
+                    "labels": list(manifest.labels), "variants": {}, "warnings": check_kinds(package, data.examples),
+                    "texts": len(all_texts)}
     fp32_pred = None
     for name in names:
         engine = Engine(package, name, SessionSettings(threads=1))
-        probs = classify_probs(engine, texts)
+        results = classify_results(engine, all_texts)
+        probs = np.array([results[i].probs for i in labelled], dtype=np.float64).reshape(len(texts), len(manifest.labels))
         pred = probs.argmax(1)
         overall = classification_metrics(y_true, pred, manifest.labels)
         result: dict = {
@@ -110,6 +157,8 @@ def evaluate_package(model_dir: Path, data_file: Path | list[Path], variant: str
                                           "coverage_uncalibrated": coverage_table(raw, y_true)})
         if data.has_language:
             result["by_language"] = metrics_by_language(y_true, pred, languages, manifest.labels)["by_language"]
+        if has_kinds:
+            result["abstention"] = scope_figures(package, name, data.examples, results)
         if name == "fp32":
             fp32_pred = pred
         elif fp32_pred is not None:
@@ -125,7 +174,10 @@ def format_evaluation(report: dict) -> str:
     names = list(report["variants"])
     variants = report["variants"]
     pct = lambda v: "–" if v is None else f"{100 * v:.1f}"
-    lines = [f"## {report['model']} {report['version']} on {report['data']} ({report['examples']} examples)", ""]
+    lines = [f"## {report['model']} {report['version']} on {report['data']} ({report['examples']} labelled examples"
+             + (f" of {report['texts']} texts" if report.get("texts", report["examples"]) != report["examples"] else "")
+             + ")", ""]
+    lines += [*report.get("warnings", ()), ""] if report.get("warnings") else []
     if report["skipped"]:
         lines += ["skipped: " + ", ".join(f"{n} {why}" for why, n in report["skipped"].items()), ""]
     lines += ["| variant | accuracy | macro-F1 | ECE (calibrated) | agreement with fp32 | batch-1 latency median / p90 ms |",
@@ -153,6 +205,26 @@ def format_evaluation(report: dict) -> str:
         cells = [f"{pct(variants[n]['calibration']['coverage'][i]['coverage'])} / "
                  f"{pct(variants[n]['calibration']['coverage'][i]['accuracy'])}" for n in names]
         lines.append(f"| {row['threshold']} | " + " | ".join(cells) + " |")
+    lines += _format_abstention(variants)
     lines += ["", f"### Most frequent confusions ({names[0]})", "", "| true | predicted | count |", "|---|---|---|"]
     lines += [f"| {c['true']} | {c['predicted']} | {c['count']} |" for c in variants[names[0]]["confusions"]]
     return "\n".join(lines) + "\n"
+
+
+def _format_abstention(variants: dict) -> list[str]:
+    """Per variant the flag rates per kind, and for fp32 (or the first) the cases per language."""
+    from models.scope_metrics import format_scope
+
+    lines: list[str] = []
+    for name, result in variants.items():
+        if "abstention" not in result:
+            continue
+        report = dict(result["abstention"])
+        by_language = report.pop("case_by_language", {})
+        lines += ["", f"### Abstention ({name}): flagged per kind of text (%)", "", format_scope(report).rstrip("\n")]
+        if by_language and name == next(iter(variants)):
+            lines += ["", f"### Cases per language ({name}): leaning accuracy / flagged (%)", "",
+                      "| language | n | leaning right | flagged |", "|---|---|---|---|"]
+            lines += [f"| {lang} | {row['n']} | {100 * row['leaning_accuracy']:.1f} | {100 * row['flagged']:.1f} |"
+                      for lang, row in by_language.items()]
+    return lines

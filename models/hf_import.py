@@ -18,7 +18,6 @@ left out: there a flip is a coin toss, not a quantization error. The manifest sa
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -139,10 +138,9 @@ def check_tokenizer_json(reference: TransformersModel, tokenizer_json: dict, tex
     """The package's tokenizer, as the runtime loads it, must give AutoTokenizer's ids."""
     from runtime.text import TextEncoder
 
-    with tempfile.TemporaryDirectory(prefix="decide-import-") as tmp:
-        path = Path(tmp) / "tokenizer.json"
-        path.write_text(json.dumps(tokenizer_json, ensure_ascii=False), encoding="utf-8")
-        ours = [list(e.ids) for e in TextEncoder(path, reference.max_length, reference.pad_id).encode(texts)]
+    # the text the package's tokenizer.json will hold
+    encoder = TextEncoder(json.dumps(tokenizer_json, ensure_ascii=False), reference.max_length, reference.pad_id)
+    ours = [list(e.ids) for e in encoder.tokenize(texts)]
     for text, mine, theirs in zip(texts, ours, reference.ids(texts)):
         if mine != list(theirs):
             raise PublishError(f"the package's tokenizer does not reproduce transformers' on {text[:60]!r}: "

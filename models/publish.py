@@ -1,7 +1,8 @@
 """One path from a model to a package, for training, recipes, import and re-quantization.
 
     export the FP32 graph → quantize the int8 variants → evaluate every variant through
-    `runtime.engine.Engine` → gate the int8 variants → calibrate → golden set → manifest
+    `runtime.engine.Engine` → gate the int8 variants → calibrate → abstention (negative labels,
+    novelty score and thresholds: models/abstention.py) → golden set → manifest
 
 A `Source` says what is being packaged (how to write its FP32 graph, its own reference outputs,
 the held-out examples); `publish` runs `STEPS` on a `Draft` in a staging directory next to
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from models.abstention import scope
 from models.calibration import expected_calibration_error, fit_temperature, softmax_t
 from models.data import Example
 from models.evaluate import classify_probs, engine_latency_ms
@@ -99,6 +101,12 @@ class Source:
     calibrate: bool = True  # fit a temperature on the validation split
     calibration: dict = field(default_factory=dict)  # kept as it is when calibrate is False
     provenance: dict = field(default_factory=dict)
+    # abstention (models/abstention.py): labels meaning "not a case", the examples the novelty
+    # score is fitted on (their case rows) and the share of held-out cases it may flag (0 = none)
+    negative_labels: tuple[str, ...] = ()
+    novelty_fit: list[Example] = field(default_factory=list)
+    novelty_flag_rate: float = 0.0
+    max_unknown_share: float = 0.5
 
 
 @dataclass
@@ -110,6 +118,7 @@ class Draft:
     variants: dict[str, Variant] = field(default_factory=dict)
     probs: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # variant → set → probabilities
     calibration: dict = field(default_factory=dict)
+    abstention: dict = field(default_factory=dict)
     golden: FileEntry | None = None
     provenance: dict = field(default_factory=dict)
     rejected: dict[str, list[str]] = field(default_factory=dict)
@@ -121,7 +130,7 @@ class Draft:
                         languages=source.languages, max_length=source.max_length,
                         tokenizer=file_entry(self.staging, TOKENIZER_FILE), pad_id=source.pad_id,
                         variants=dict(self.variants), golden=self.golden, description=source.description,
-                        provenance=self.provenance, calibration=self.calibration)
+                        provenance=self.provenance, calibration=self.calibration, abstention=self.abstention)
 
     def engine(self, name: str):
         """The runtime's engine for one variant of the draft (1 thread; the draft's temperature)."""
@@ -198,7 +207,7 @@ def quantize(draft: Draft) -> None:
         return
     log(f"int8 variants {', '.join(names)}: calibrating on {len(source.calibration_texts)} texts "
         f"({source.calibration_source})")
-    encoder = TextEncoder(draft.staging / TOKENIZER_FILE, source.max_length, source.pad_id)
+    encoder = TextEncoder((draft.staging / TOKENIZER_FILE).read_text(encoding="utf-8"), source.max_length, source.pad_id)
     feeds = text_feeds(encoder, source.calibration_texts)
     record = calibration_record(feeds, source.calibration_source)
     storage = "int8" + "".join(fp32.weights_storage.partition(";")[1:])
@@ -334,7 +343,7 @@ def golden(draft: Draft) -> None:
                                        golden_tolerance=golden_tolerance(name, expected[name], reference[chosen]))
 
 
-STEPS: tuple[Callable[[Draft], None], ...] = (export, quantize, evaluate, gate, calibrate, golden)
+STEPS: tuple[Callable[[Draft], None], ...] = (export, quantize, evaluate, gate, calibrate, scope, golden)
 
 
 # ----------------------------------------------------------------------------------------- the package

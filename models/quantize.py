@@ -411,7 +411,7 @@ def text_feeds(encoder: TextEncoder, texts: Sequence[str], batch_size: int = 32,
     batch of 32 texts of 512 tokens would hold gigabytes of activations."""
     from runtime.text import pad_batch
 
-    items = sorted(encoder.encode(list(texts)), key=lambda item: len(item.ids))
+    items = sorted(encoder.tokenize(list(texts)), key=lambda item: len(item.ids))
     feeds, start = [], 0
     while start < len(items):
         rows = max(1, min(batch_size, batch_tokens // len(items[min(start + batch_size, len(items)) - 1].ids)))

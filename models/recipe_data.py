@@ -19,6 +19,7 @@ from models.data import Example, Splits, load_chatterbot_topics, load_rotten_tom
 from models.progress import log
 from models.recipes import REPO_ROOT, Recipe
 from models.userdata import (
+    DataError,
     LoadedData,
     check_splittable,
     join_loaded,
@@ -55,12 +56,15 @@ def load_examples(recipe: Recipe) -> LoadedData:
         main = read_labelled_file(path, recipe.text_column, recipe.label_column)
         extra = [read_labelled_file(p, recipe.text_column, recipe.label_column, for_training=False)
                  for p in recipe.extra_paths()]
+        extra += [read_labelled_file(p, recipe.text_column, recipe.label_column, for_training=False,
+                                     label=recipe.negative_labels[0]) for p in recipe.negative_paths()]
         for part in (main, *extra):  # a recipe's own files are named as in the repository, not this machine
             if Path(part.source).is_relative_to(REPO_ROOT):
                 part.source = str(Path(part.source).relative_to(REPO_ROOT))
         joined = join_loaded([main, *extra])
         if extra:  # a label that only an extra file brings must still be splittable
             check_splittable(joined.examples, joined.has_group, joined.source, recipe.label_column)
+        check_negatives(recipe, joined)
         return joined
     if recipe.dataset == "chatterbot-topics":
         examples = load_chatterbot_topics()
@@ -71,6 +75,27 @@ def load_examples(recipe: Recipe) -> LoadedData:
     else:
         raise ValueError(f"unknown dataset {recipe.dataset!r}")
     return LoadedData(examples, source, "", len(examples), has_language=True, has_group=False)
+
+
+def check_negatives(recipe: Recipe, data: LoadedData) -> None:
+    """The negative labels name classes of the data and leave at least one case label; negatives
+    in one language only (cases in several) get a warning: other languages' non-cases are then
+    flagged by the novelty score alone."""
+    labels = {e.label for e in data.examples}
+    missing = [n for n in recipe.negative_labels if n not in labels]
+    if missing:
+        raise DataError(f"{data.source}: negative label {missing[0]!r} is no label of the data "
+                        f"(labels: {', '.join(sorted(labels))})")
+    negatives = set(recipe.negative_labels)
+    if negatives and not labels - negatives:
+        raise DataError(f"{data.source}: every label is a negative label ({', '.join(sorted(negatives))}): "
+                        "at least one label must be a case")
+    if negatives and data.has_language:
+        case_languages = {e.language for e in data.examples if e.label not in negatives}
+        negative_languages = {e.language for e in data.examples if e.label in negatives}
+        if len(negative_languages) == 1 and len(case_languages) > 1:
+            log(f"warning: the negatives are all in {next(iter(negative_languages))!r} and the cases in "
+                f"{len(case_languages)} languages: non-cases in other languages are left to the novelty score")
 
 
 def recipe_splits(recipe: Recipe, data: LoadedData) -> Splits:

@@ -84,6 +84,14 @@ class Recipe:
     transfer_text: str = ""  # unlabelled text for feature distillation: "" or "chatterbot-corpus"
     calibrate: bool = True  # fit a softmax temperature on the validation split
     calibration_texts: int = 0  # >0: the int8 activation ranges come from this many training texts (spread), 0 = all
+    # Abstention (issue 22, runtime/abstain.py): labels that mean "not a case" (trained as classes,
+    # answered as abstentions), files whose every row is such a negative (labelled negative_labels[0]),
+    # the share of validation cases the novelty score may flag (0 = no novelty score), and the
+    # share of unknown characters above which a text is unreadable.
+    negative_labels: tuple[str, ...] = ()
+    negative_data: tuple[str, ...] = ()
+    novelty_flag_rate: float = 0.0
+    max_unknown_share: float = 0.5
     extra: dict = field(default_factory=dict)
 
     def fingerprint(self, stage: str = "model") -> dict:
@@ -95,8 +103,13 @@ class Recipe:
         path = self.data_path()
         data["dataset"] = _sha256(path) if path is not None else self.dataset
         data["extra_data"] = [_sha256(p) for p in self.extra_paths()]  # a missing file: load_examples says so
-        for key in ("name", "version", "description", "golden_count", "variants", "calibrate", "calibration_texts"):
+        data["negative_data"] = [_sha256(p) for p in self.negative_paths()]
+        for key in ("name", "version", "description", "golden_count", "variants", "calibrate", "calibration_texts",
+                    "novelty_flag_rate", "max_unknown_share"):  # fitted or read after the cached stages
             data.pop(key)
+        for key in ("negative_labels", "negative_data"):  # unset: caches made before they existed stay valid
+            if not data[key]:
+                data.pop(key)
         if stage == "teacher":
             for key in ("student", "student_layers", "vocab_budget", "distill_augment", "feature_distill",
                         "transfer_text"):
@@ -118,6 +131,10 @@ class Recipe:
     def extra_paths(self) -> list[Path]:
         """The extra_data files, resolved like the dataset file."""
         return [Path(p) if Path(p).is_absolute() else REPO_ROOT / p for p in self.extra_data]
+
+    def negative_paths(self) -> list[Path]:
+        """The negative_data files, resolved like the dataset file."""
+        return [Path(p) if Path(p).is_absolute() else REPO_ROOT / p for p in self.negative_data]
 
     def estimated_package_bytes(self) -> int:
         """About how large the package will be (for the free-space check before training).
@@ -167,9 +184,17 @@ def recipe_from_dict(data: dict) -> Recipe:
         raise ValueError(f"transfer_text must be one of {', '.join(map(repr, TRANSFER_TEXTS))}")
     if values.get("extra_data") and values.get("dataset") in BUILTIN_DATASETS:
         raise ValueError("extra_data joins files to a dataset file, not to a built-in loader")
-    for key in ("student_layers", "variants", "extra_data"):
+    for key in ("student_layers", "variants", "extra_data", "negative_labels", "negative_data"):
         if values.get(key) is not None:
             values[key] = tuple(values[key])
+    if values.get("negative_data") and not values.get("negative_labels"):
+        raise ValueError("negative_data needs negative_labels (its rows get the first one)")
+    rate = values.get("novelty_flag_rate", 0.0)
+    if not (isinstance(rate, (int, float)) and 0 <= rate < 0.5):
+        raise ValueError("novelty_flag_rate must be a number in [0, 0.5): the share of validation cases it may flag")
+    share = values.get("max_unknown_share", 0.5)
+    if not (isinstance(share, (int, float)) and 0 < share <= 1):
+        raise ValueError("max_unknown_share must be a number in (0, 1]")
     return Recipe(**values)
 
 
@@ -198,14 +223,18 @@ def load_recipe(name: str, quick: bool = False, settings: dict | None = None) ->
 
 
 def user_recipe(data_file: Path, name: str, quick: bool = False, text_column: str = "text",
-                label_column: str = "label", settings: dict | None = None) -> Recipe:
+                label_column: str = "label", settings: dict | None = None,
+                negative_labels: tuple[str, ...] = (), negative_data: tuple[Path, ...] = ()) -> Recipe:
     """The default recipe with the user's data file in it (what `python -m models train` builds).
 
     `settings` (from `--settings FILE.json`) overrides recipe keys, e.g. {"vocab_budget": 60000}.
+    `negative_labels` (--negative-label) and `negative_data` (--negatives) add to the recipe's own.
     """
     recipe = load_recipe("default", quick, settings)
     return replace(recipe, name=name, dataset=str(Path(data_file).resolve()), text_column=text_column,
                    label_column=label_column,
+                   negative_labels=tuple(dict.fromkeys((*recipe.negative_labels, *negative_labels))),
+                   negative_data=(*recipe.negative_data, *(str(Path(p).resolve()) for p in negative_data)),
                    description=f"{name}: trained with `python -m models train` on {Path(data_file).name}"
                    + (" (--quick)" if quick else ""))
 

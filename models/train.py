@@ -104,7 +104,9 @@ def trained_source(recipe: Recipe, prepared: Prepared, model, steps: dict) -> So
                                                                             recipe.calibration_texts),
         calibration_source="training split", golden_candidates=list(splits.test), variants=recipe.variants,
         golden_count=recipe.golden_count, calibrate=recipe.calibrate,
-        provenance=trained_provenance(recipe, prepared, steps))
+        provenance=trained_provenance(recipe, prepared, steps), negative_labels=recipe.negative_labels,
+        novelty_fit=list(splits.train), novelty_flag_rate=recipe.novelty_flag_rate,
+        max_unknown_share=recipe.max_unknown_share)
 
 
 def train_package(recipe: Recipe, out_dir: Path, reuse: bool = True) -> Manifest:

@@ -483,3 +483,95 @@ def test_an_int8_variant_evaluated_alone_shows_no_agreement_with_fp32():
     assert "| int8-u8s8 | 80.0 | 80.0 | 0.030 | – |" in alone
     both = format_evaluation({**report, "variants": {"fp32": variant(0.9), "int8-u8s8": variant(0.8, 0.9)}})
     assert "| fp32 | 90.0 | 90.0 | 0.030 | 100.0 |" in both and "| int8-u8s8 | 80.0 | 80.0 | 0.030 | 90.0 |" in both
+
+
+# ----------------------------------------------------------------------------- abstention (issue 22)
+
+# not-a-case texts, two languages; like the cases they carry a code word: the pipeline is under test
+NEGATIVES = {"en": ["canteen closes at three today", "reset my password please", "hello, how are you?",
+                    "temperature back to normal", "leak test passed, all seals OK", "conveyor restarted, running fine",
+                    "meeting moved to Friday", "shift handover done", "new safety posters in hall 2",
+                    "parking lot closed tomorrow"],
+             "de": ["Kantine schließt heute um drei", "bitte mein Passwort zurücksetzen", "Hallo, wie geht's?",
+                    "Temperatur wieder normal", "Dichtheitsprüfung bestanden", "Förderband läuft wieder",
+                    "Besprechung auf Freitag verschoben", "Schichtübergabe erledigt", "neue Plakate in Halle 2",
+                    "Parkplatz morgen gesperrt"]}
+UNREADABLE = "ދުވަހު ހަވީރު ސިސްޓަމް ހުއްޓުނު"  # Thaana: no piece of e5's vocabulary reads it
+SCOPED_SETTINGS = {**TINY_SETTINGS, "novelty_flag_rate": 0.05}
+
+
+def scoped_rows() -> list[list[str]]:
+    """The tiny rows on five lines each: enough validation cases (≥ 20) to place a novelty threshold."""
+    return [[f"{text} (line {n})", label, lang] for text, label, lang in tiny_rows() for n in range(1, 6)]
+
+
+@pytest.fixture(scope="module")
+def scoped_package(tmp_path_factory):
+    pytest.importorskip("torch")
+    tmp = tmp_path_factory.mktemp("scoped")
+    data = write_csv(tmp / "alarms.csv", scoped_rows())
+    negatives = write_csv(tmp / "not-cases.csv", [[f"NOTE: {t}", lang] for lang, texts in NEGATIVES.items()
+                                                   for t in texts], header=("text", "lang"))
+    settings = tmp / "scoped.json"
+    settings.write_text(json.dumps(SCOPED_SETTINGS))
+    out = tmp / "scoped-alarms"
+    result = run_models("train", "--data", str(data), "--negatives", str(negatives), "--settings", str(settings),
+                        "--out", str(out), env={"DECIDE_FACTORY_CACHE": str(tmp / "cache")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def test_a_model_trained_with_negatives_abstains_with_its_reasons(scoped_package):
+    manifest = json.loads((scoped_package / "manifest.json").read_text())
+    assert manifest["labels"] == ["jam", "leak", "other", "overheating"]
+    abstention = manifest["abstention"]
+    assert abstention["negative_labels"] == ["other"]
+    assert set(abstention["novelty"]["thresholds"]) == set(manifest["variants"])
+    for variant in manifest["variants"].values():  # chosen to flag ~5 % of the validation cases
+        assert variant["metrics"]["abstention"]["val"]["cases_flagged"] <= 0.25
+    texts = ["NOTE: canteen closes at three today (line 9)", "NOTE: Parkplatz morgen gesperrt", UNREADABLE,
+             "HEAT: motor temperature too high (line 2)"]
+    lines = "".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts))
+    for variant in manifest["variants"]:
+        result = subprocess.run([sys.executable, "-m", "runtime", "--model", str(scoped_package), "--variant", variant],
+                                input=lines, capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+        assert result.returncode == 0, result.stderr
+        answers = [json.loads(line) for line in result.stdout.splitlines()]
+        assert [(a["abstained"], a["reason"]) for a in answers[:3]] == [
+            (True, "out_of_scope"), (True, "out_of_scope"), (True, "unreadable")], (variant, answers)
+        assert answers[0]["label"] is None and answers[0]["leaning"] in manifest["labels"]  # what it leaned to
+        assert answers[3]["label"] == "overheating" and not answers[3]["abstained"], (variant, answers[3])
+    selftest = subprocess.run([sys.executable, "-m", "runtime", "selftest", "--model", str(scoped_package)],
+                              capture_output=True, text=True, cwd=REPO, timeout=300, check=False)
+    assert selftest.returncode == 0, selftest.stdout + selftest.stderr
+
+
+def test_evaluate_reports_flag_rates_per_kind(scoped_package, tmp_path):
+    rows = [["HEAT: spindle is hot (line 7)", "overheating", "en", "case"],
+            ["NOTE: hello, how are you?", "", "en", "out_of_scope"], ["NOTE: Temperatur wieder normal", "", "de", "resolved"],
+            [UNREADABLE, "overheating", "dv", "unreadable"]]
+    data = write_csv(tmp_path / "kinds.csv", rows, header=("text", "label", "lang", "kind"))
+    result = run_models("evaluate", "--model", str(scoped_package), "--data", str(data), "--json", "--latency-runs", "2")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["examples"] == 2 and report["texts"] == 4  # accuracy only where there is a right label
+    scope = report["variants"]["fp32"]["abstention"]
+    assert scope["unreadable"]["reasons"] == {"unreadable": 1} and scope["unreadable"]["flagged_or_right"] == 1.0
+    assert scope["non_cases"]["texts"] == 2 and scope["out_of_scope"]["reasons"] == {"out_of_scope": 1}
+    bad = write_csv(tmp_path / "bad-kind.csv", [["x", "", "en", "chitchat"]], header=("text", "label", "lang", "kind"))
+    refused = run_models("evaluate", "--model", str(scoped_package), "--data", str(bad))
+    assert refused.returncode == 2 and "unknown kind 'chitchat'" in refused.stderr and len(refused.stderr.splitlines()) == 1
+
+
+def test_negatives_named_like_a_case_label_are_refused_before_training(tmp_path):
+    rows = tiny_rows() + [[f"other {t}", "other", "en"] for t in ("a b", "c d", "e f", "g h")]
+    data = write_csv(tmp_path / "with-other.csv", rows)
+    negatives = write_csv(tmp_path / "neg.csv", [["hello"], ["hi there"]], header=("text",))
+    result = run_without_torch("train", "--data", str(data), "--negatives", str(negatives), "--out", str(tmp_path / "p"))
+    assert result.returncode == 2 and "--negative-label" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    missing = run_without_torch("train", "--data", str(data), "--negative-label", "chitchat", "--out", str(tmp_path / "p"))
+    assert missing.returncode == 2 and "'chitchat' is no label of the data" in missing.stderr
+    everything = run_without_torch("train", "--data", str(data), *sum((["--negative-label", lab] for lab in
+                                   ("overheating", "leak", "jam", "other")), []), "--out", str(tmp_path / "p"))
+    assert everything.returncode == 2 and "at least one label must be a case" in everything.stderr
+    assert not (tmp_path / "p").exists()

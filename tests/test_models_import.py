@@ -134,7 +134,7 @@ def test_import_gives_the_transformers_probabilities(tmp_path, architecture):
     assert np.abs(got - transformers_probs(hf, texts)).max() <= 1e-4
     # the package's tokenizer is transformers', also on texts the importer never looked at
     auto = transformers.AutoTokenizer.from_pretrained(str(hf))
-    ours = Engine(package, "fp32").encoder.encode(VARIED)
+    ours = Engine(package, "fp32").encoder.tokenize(VARIED)
     assert [list(e.ids) for e in ours] == auto(VARIED, truncation=True, max_length=MAX_LENGTH)["input_ids"]
     selftest = subprocess.run([sys.executable, "-m", "runtime", "selftest", "--model", str(out)], check=False, cwd=REPO,
                               capture_output=True, text=True, timeout=300)

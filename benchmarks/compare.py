@@ -121,7 +121,7 @@ def torch_checkpoint(package: Package) -> tuple[Path | None, str]:
     Rebuilt from the package's own FP32 graph (benchmarks/torch_model.py), so PyTorch computes
     with exactly the weights decide serves (max |Δp| vs ORT FP32 ~1e-6), and cached as a plain
     `torch.save(model)` + tokenizer.json, so the worker's cold start is what a user's would be.
-    Retraining through the factory is no substitute: `python -m models build` does not give the
+    Retraining through the factory is no substitute: `python -m models train --recipe` does not give the
     published weights back bit for bit. Returns (folder, "") or (None, why not)."""
     fp32 = package.manifest.variants.get("fp32")
     if fp32 is None:
@@ -491,7 +491,7 @@ def main() -> int:
     from runtime import __version__
 
     if not (args.model / "manifest.json").is_file():
-        raise SystemExit(f"no model package at {args.model}: build it with `python -m models build {args.model.name}`")
+        raise SystemExit(f"no model package at {args.model}: build it with `python -m models train --recipe {args.model.name}`")
     package = load_package(args.model)
     info = decide_choice(args.model)
     threads = args.threads or info["cpu"]["usable_cores"]

@@ -16,7 +16,7 @@ speed: bare ORT sessions (no tokenizer, no protocol), batch 1, each text at its 
   short = held-out texts of ≤ 16 tokens, medium = held-out texts joined to 64 tokens. Variants
   interleaved text by text (A, B, C, A, B, C …), median per text, ratio FP32 / variant of the
   summed medians. Prints the load average: the box is shared.
-accuracy: the held-out file (--heldout, default the default model's test.csv), bare ORT: accuracy,
+accuracy: the held-out file (--heldout, default the default model's test.csv), through the engine: accuracy,
   macro-F1, worst class-recall drop vs FP32, label agreement with FP32.
 torch: the PyTorch contender of benchmarks/compare.py (the package's FP32 weights in PyTorch, and
   PyTorch's dynamic int8 of it) next to the package's ORT variants, on the golden texts and the
@@ -44,7 +44,7 @@ from runtime.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
 
 DEFAULT_MODEL = REPO / DEFAULT_MODEL_DIR  # the embedded default (runtime/appdir.py)
 # Held-out texts of the default: the independent writer's test set (never trained or calibrated on)
-HELDOUT = REPO / "models" / "tasks" / "machine-alarms" / "test.csv"
+HELDOUT = REPO / "models" / "tasks" / "machine-alarms" / "test" / "test.csv"
 SHORT_TOKENS = 16
 MEDIUM_TOKENS = 64
 
@@ -211,24 +211,26 @@ def speed(model: Path, thread_counts: list[int], rounds: int) -> None:
     print(f"load average after: {os.getloadavg()}")
 
 
-def accuracy(model: Path) -> None:
-    from tokenizers import Tokenizer
+def engine_logits(package, name: str, texts: list[str]) -> np.ndarray:
+    """A variant's log-probabilities through the runtime's engine, without the package's temperature
+    (logits up to a per-row constant: what a bare session computes)."""
+    from models.evaluate import classify_probs, uncalibrated
+    from runtime.engine import Engine, SessionSettings
 
-    from models.evaluate import ort_logits, ort_session
+    engine = Engine(uncalibrated(package), name, SessionSettings(threads=1))
+    return np.log(np.maximum(classify_probs(engine, texts), 1e-300))
+
+
+def accuracy(model: Path) -> None:
     from models.metrics import classification_metrics
 
     package = load_package(model)
     labels = package.manifest.labels
     examples = heldout_examples()
-    tokenizer = Tokenizer.from_file(str(package.path(package.manifest.tokenizer)))
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length=package.manifest.max_length)
-    seqs = [e.ids for e in tokenizer.encode_batch([e.text for e in examples])]
     y = np.array([labels.index(e.label) for e in examples])
     predictions, metrics = {}, {}
-    for name, variant in package.manifest.variants.items():
-        predictions[name] = ort_logits(ort_session(package.path(variant.file)), seqs, package.manifest.pad_id,
-                                       name=f"evaluate {name}").argmax(1)
+    for name in package.manifest.variants:
+        predictions[name] = engine_logits(package, name, [e.text for e in examples]).argmax(1)
         metrics[name] = classification_metrics(y, predictions[name], labels)
     ref = metrics["fp32"]
     print(f"held-out ({HELDOUT}): {len(y)} examples")
@@ -244,7 +246,7 @@ def torch_check(model: Path) -> None:
     from tokenizers import Tokenizer
 
     from benchmarks.torch_model import dynamic_int8, torch_classifier, torch_logits
-    from models.evaluate import ort_logits, ort_session, softmax
+    from models.calibration import softmax_t as softmax
     from models.metrics import classification_metrics
     from runtime.package import read_golden
 
@@ -262,9 +264,7 @@ def torch_check(model: Path) -> None:
                                ("held-out", [e.text for e in heldout], [e.label for e in heldout])):
         seqs = [e.ids for e in tokenizer.encode_batch(texts)]
         y = np.array([labels.index(label) for label in gold])
-        logits = {name: ort_logits(ort_session(package.path(v.file)), seqs, pad_id, name=f"ORT {name}")
-                  for name, v in package.manifest.variants.items()}
-        logits = {f"ORT {name}": value for name, value in logits.items()}
+        logits = {f"ORT {name}": engine_logits(package, name, texts) for name in package.manifest.variants}
         logits.update({name: torch_logits(m, seqs, pad_id) for name, m in contenders.items()})
         reference = softmax(logits["ORT fp32"])
         print(f"{title}: {len(y)} examples; agreement and max |Δp| against ORT fp32")

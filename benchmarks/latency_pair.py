@@ -72,7 +72,7 @@ def main() -> int:
         ordered = sorted(times[role])
         medians[role] = statistics.median(ordered)
         manifest = engine.package.manifest
-        tokens = statistics.mean(len(e.ids) for e in engine.encoder.encode(texts))
+        tokens = statistics.mean(len(e.ids) for e in engine.encoder.tokenize(texts))
         print(f"{role:9} {manifest.name} {manifest.version} {engine.variant.name:10} mean {tokens:.1f} tokens: "
               f"median {medians[role]:.3f} ms, p90 {percentile(ordered, 0.9):.3f} ms ({len(ordered)} calls)")
     print(f"candidate / baseline (medians): {medians['candidate'] / medians['baseline']:.3f}")

@@ -36,7 +36,7 @@ def op_times_us(model: Path, variant: str, texts: list[str], batch: int, calls: 
         session = ort.InferenceSession(str(engine.package.path(engine.variant.file)), options,
                                        providers=["CPUExecutionProvider"])
         engine.session = session  # the engine's padding and batching, the profiled session
-        encoded = engine.encoder.encode(texts)
+        encoded = engine.encoder.tokenize(texts)
         chunks = [[encoded[(i * batch + k) % len(encoded)] for k in range(batch)] for i in range(calls + 1)]
         for chunk in chunks:
             engine.classify_encoded(chunk)

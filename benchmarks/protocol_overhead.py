@@ -193,7 +193,7 @@ def bucket_gain(args, variant: str, threads: int, texts: list[str]) -> dict[str,
 
     engine = Engine(load_package(args.model), variant, SessionSettings(threads=threads))
     engine.warm_up()
-    items = [e for e in engine.encoder.encode(texts) if len(e.ids) <= SHORT_TOKENS]
+    items = [e for e in engine.encoder.tokenize(texts) if len(e.ids) <= SHORT_TOKENS]
     fixed = min(FIXED_PADDING, engine.encoder.max_length)
     result: dict[str, Any] = {"short_texts": len(items), "fixed_padding": fixed}
     for batch in (1, 32):

@@ -2,6 +2,13 @@
 answers, RSS growth over the second half, peak RSS.
 
     python3 benchmarks/soak.py --model DIR [--requests 200000] [--clients 8] [--json]
+    python3 benchmarks/soak.py --slow [--clients 50 --per-client 2000 --pause 10 --hogs 2] [--json]
+
+--slow (issue 23): the engine artificially slowed (benchmarks/slow_engine.py: a sleep per call
+and per text) with CPU hogs beside it, `--idle-timeout 2`; every client pipelines its requests
+on one connection (a writer thread streams them in small writes), and every fifth client stops
+reading its answers for --pause seconds after 300. Every request must be answered, in order, with
+its id, none `busy`; the server's peak RSS (VmHWM) is printed with the load average.
 
 Each transport gets --requests request lines: single texts, text lists, control ops, and about
 one hostile line in 20 (deep nesting, invalid UTF-8, huge integers, lines of U+3000, over-long
@@ -26,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks import slow_engine
+
 REPO = Path(__file__).resolve().parent.parent
 WORDS = ["rain", "goal", "server", "pump", "sun", "match", "code", "snow", "team", "software", "Regen", "Tor",
          "Pumpe", "über", "Grenzwert", "la", "pluie", "le", "serveur", "雨", "weather", "today", "the", "is"]
@@ -48,13 +57,15 @@ def proc_memory(pid: int) -> dict[str, float]:
     return memory
 
 
-def make_lines(count: int, prefix: str, rng: random.Random) -> tuple[list[bytes], list]:
-    """Request lines and, per line, the id its answer must carry (None: an id-less error)."""
+def make_lines(count: int, prefix: str, rng: random.Random, hostile: float = 0.05,
+               ops: float = 0.02) -> tuple[list[bytes], list]:
+    """Request lines and, per line, the id its answer must carry (None: an id-less error);
+    `hostile` and `ops` are the shares of hostile lines and control ops."""
     lines, expected = [], []
     for i in range(count):
         request_id = f"{prefix}-{i}"
         roll = rng.random()
-        if roll < 0.05:
+        if roll < hostile:
             hostile = rng.choice(HOSTILE + [b"huge-text", b"random"])
             if hostile == b"huge-text":
                 line = json.dumps({"id": request_id, "text": "rain " + "q" * 200_000}).encode()
@@ -68,9 +79,9 @@ def make_lines(count: int, prefix: str, rng: random.Random) -> tuple[list[bytes]
                 expected.append(None)
             lines.append(line)
             continue
-        if roll < 0.07:
+        if roll < hostile + ops:
             line = {"id": request_id, "op": rng.choice(["health", "stats", "info"])}
-        elif roll < 0.22:
+        elif roll < hostile + ops + 0.15:
             line = {"id": request_id, "texts": [" ".join(rng.choices(WORDS, k=rng.randint(1, 12)))
                                                 for _ in range(rng.randint(2, 4))]}
         else:
@@ -216,7 +227,7 @@ def soak_socket(command: list[str], total: int, clients: int, rng: random.Random
                 sock.connect(path)
                 received = bytearray()
 
-                def read() -> None:
+                def read(sock: socket.socket = sock, received: bytearray = received) -> None:
                     while data := sock.recv(1 << 16):
                         received.extend(data)
 
@@ -245,6 +256,100 @@ def soak_socket(command: list[str], total: int, clients: int, rng: random.Random
             "requests_per_s": round(per_client * clients / elapsed), **check.to_json(),
             "peak_rss_mb": round(memory["VmHWM"], 1), **sampler.growth(), "exit_code": proc.returncode,
             "traceback": "Traceback" in err}
+
+
+class PipeliningClient(threading.Thread):
+    """One connection: a writer thread streams the lines in small writes and half-closes; this
+    thread reads every answer until EOF, optionally not reading for `pause_s` after 300 answers."""
+
+    def __init__(self, path: str, lines: list[bytes], pause_s: float) -> None:
+        super().__init__(daemon=True)
+        self.path, self.lines, self.pause_s = path, lines, pause_s
+        self.answers: list[bytes] = []
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.connect(self.path)
+                if self.pause_s:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)  # its answers back up fast
+                writer = threading.Thread(target=self._feed, args=(sock,), daemon=True)
+                writer.start()
+                self._read(sock)
+                writer.join()
+        except OSError as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def _feed(self, sock: socket.socket) -> None:
+        try:
+            for offset in range(0, len(self.lines), 25):
+                sock.sendall(b"".join(line + b"\n" for line in self.lines[offset:offset + 25]))
+            sock.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            self.error = f"writing: {type(exc).__name__}: {exc}"
+
+    def _read(self, sock: socket.socket) -> None:
+        buffer, paused = b"", not self.pause_s
+        while True:
+            if not paused and len(self.answers) >= 300:
+                paused = True
+                time.sleep(self.pause_s)  # longer than --idle-timeout: decide must wait, not close
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                break
+            buffer += chunk
+            *complete, buffer = buffer.split(b"\n")
+            self.answers.extend(line + b"\n" for line in complete)
+
+
+def start_hogs(count: int) -> list[subprocess.Popen]:
+    """Processes that burn a core each (the loaded edge box the issue was found on)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
+def soak_slow(model: str | None, clients: int, per_client: int, pause_s: float, hogs: int,
+              slowdown: tuple[float, float], rng: random.Random) -> dict:
+    """The issue-23 soak (module docstring): every request answered in order, none busy."""
+    directory = tempfile.mkdtemp(prefix="decide-soak-slow-")
+    path = os.path.join(directory, "s")
+    command = [*slow_engine.command(*slowdown), "serve", *(["--model", model] if model else []),
+               "--socket", path, "--ready", "-q", "--idle-timeout", "2"]
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert json.loads(proc.stdout.readline())["event"] == "ready"
+    burners = start_hogs(hogs)
+    streams = [make_lines(per_client, f"c{c}", random.Random(rng.random()), hostile=0.0, ops=0.01)
+               for c in range(clients)]
+    workers = [PipeliningClient(path, lines, pause_s if c % 5 == 0 else 0.0) for c, (lines, _) in enumerate(streams)]
+    total = clients * per_client
+    sampler = Sampler(proc.pid, lambda: sum(len(w.answers) for w in workers) / total)
+    sampler.start()
+    started = time.monotonic()
+    try:
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    elapsed = time.monotonic() - started
+    check = Check()
+    for worker, (_, expected) in zip(workers, streams):
+        check.compare(expected, worker.answers)
+    busy = sum(b'"code": "busy"' in answer for worker in workers for answer in worker.answers)
+    memory = proc_memory(proc.pid)
+    sampler.stopped.set()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    err = proc.stderr.read().decode()
+    return {"transport": f"socket, slowed engine {slowdown[0]:g} ms/call + {slowdown[1]:g} ms/text, {hogs} CPU hogs",
+            "clients": clients, "requests": total, "paused_clients": len(range(0, clients, 5)),
+            "pause_s": pause_s, "seconds": round(elapsed, 1), **check.to_json(), "busy": busy,
+            "client_errors": [w.error for w in workers if w.error], "peak_rss_mb": round(memory["VmHWM"], 1),
+            **sampler.growth(), "exit_code": proc.returncode, "traceback": "Traceback" in err,
+            "server_log": err.strip().splitlines()[-5:]}
 
 
 def huge_texts(command: list[str], socket_command: list[str], lines: int, clients: int) -> list[dict]:
@@ -313,10 +418,17 @@ def main() -> int:
     parser.add_argument("--model", default=None, help="model package (default: the embedded default model)")
     parser.add_argument("--command", default=f"{sys.executable} -m runtime", help="how to start decide")
     parser.add_argument("--requests", type=int, default=200_000, help="request lines per transport")
-    parser.add_argument("--clients", type=int, default=8, help="socket clients")
+    parser.add_argument("--clients", type=int, default=None, help="socket clients (default 8; 50 with --slow)")
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument("--huge", type=int, default=0, metavar="N",
                         help="instead: peak RSS for N lines of 1 MiB texts over stdio and 16 socket clients")
+    parser.add_argument("--slow", action="store_true",
+                        help="instead: the issue-23 soak (slowed engine, CPU hogs, pipelining and pausing clients)")
+    parser.add_argument("--per-client", type=int, default=2000, help="--slow: pipelined requests per client")
+    parser.add_argument("--pause", type=float, default=10.0, help="--slow: seconds every fifth client stops reading")
+    parser.add_argument("--hogs", type=int, default=os.cpu_count() or 1, help="--slow: CPU-burning processes beside it")
+    parser.add_argument("--slowdown", default="20,0.5", metavar="MS_PER_CALL,MS_PER_TEXT",
+                        help="--slow: the engine's extra sleep (default 20,0.5)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     command = args.command.split() + (["--model", args.model] if args.model else [])
@@ -328,8 +440,13 @@ def main() -> int:
         print(json.dumps({"rows": rows, "load_average": os.getloadavg()}, indent=2) if args.json
               else "\n".join(" ".join(f"{k}={v}" for k, v in row.items()) for row in rows))
         return 0 if all(row["answered_truncated"] == args.huge for row in rows) else 1
-    rows = [soak_stdio(command, args.requests, rng),
-            soak_socket(socket_command, args.requests, args.clients, rng)]
+    if args.slow:
+        per_call, per_text = (float(x) for x in args.slowdown.split(","))
+        rows = [soak_slow(args.model, args.clients or 50, args.per_client, args.pause, args.hogs,
+                          (per_call, per_text), rng)]
+    else:
+        rows = [soak_stdio(command, args.requests, rng),
+                soak_socket(socket_command, args.requests, args.clients or 8, rng)]
     if args.json:
         print(json.dumps({"rows": rows, "load_average": os.getloadavg()}, indent=2))
     else:
@@ -337,7 +454,8 @@ def main() -> int:
             print(" ".join(f"{key}={value}" for key, value in row.items()))
         print(f"load average {os.getloadavg()[0]:.2f}")
     ok = all(r["lost"] == 0 and r["duplicated"] == 0 and r["exit_code"] == 0 and not r["traceback"]
-             and r["bad_json"] == 0 and r["out_of_order_streams"] == 0 for r in rows)
+             and r["bad_json"] == 0 and r["out_of_order_streams"] == 0 and not r.get("busy")
+             and not r.get("client_errors") for r in rows)
     return 0 if ok else 1
 
 

@@ -1,6 +1,6 @@
 """The PyTorch contender's model, rebuilt from a package's own FP32 graph: the same weights as decide.
 
-The package stores no PyTorch checkpoint, and retraining one (`python -m models build`) is slow
+The package stores no PyTorch checkpoint, and retraining one (`python -m models train --recipe`) is slow
 and need not reproduce the published weights bit for bit. Its FP32 graph holds every weight
 (fp16-stored, cast to FP32 at load, as ORT does), so models.classifier's student architecture
 (BertModel + pooled or mean-feature head + block-quantized word table) is filled from it: PyTorch then computes

@@ -15,7 +15,7 @@ from runtime.package import PackageError, load_package, verify_files
 def copy_model(model_dir: Path, target: Path) -> dict[str, object]:
     """Copy the files the model manifest names (verified) into target; returns a summary."""
     try:
-        package = load_package(model_dir)
+        package = load_package(model_dir, allow_unlisted=True)  # only the listed files are copied
         manifest = package.manifest
         entries = [manifest.tokenizer, *([manifest.golden] if manifest.golden else [])]
         for variant in manifest.variants.values():

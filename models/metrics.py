@@ -23,7 +23,7 @@ def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, labels: tuple
         denominator = actual + predicted
         f1s.append(2 * true_pos / denominator if denominator else 0.0)
     return {
-        "n": int(len(y_true)),
+        "n": len(y_true),
         "accuracy": float(np.mean(y_true == y_pred)) if len(y_true) else 0.0,
         "macro_f1": float(np.mean(f1s)) if f1s else 0.0,
         "recall": recall,

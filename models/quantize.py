@@ -12,23 +12,29 @@ every call is coarser than a per-call one, which cost accuracy (held-out: 2306 o
 equal to FP32, macro-F1 −1.3 points); SmoothQuant first moves the LayerNorm/GELU outlier
 channels into the weights (2360 of 2383, −0.3 points).
 
-The factory calls `quantize_variants` (FP32 graph + calibration feeds → int8 graphs); a package
-that already exists is re-quantized from its own FP32 graph with `requantize_package`.
+The factory's publish step calls `quantize_variants` (FP32 graph + calibration feeds → int8
+graphs); `python -m models.quantize PACKAGE` re-quantizes an existing package from its own FP32
+graph through the same publish path (models/requantize.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from models.graph_data import shared_data_layout
+
+if TYPE_CHECKING:
+    from runtime.text import TextEncoder
 
 QUANTIZED_OPS = ("MatMul", "Attention")  # Attention becomes QAttention (int8 QKV projection)
 METHOD = "onnxruntime.quantization.quantize_dynamic + calibrated fixed activation scales"
@@ -308,33 +314,21 @@ def fuse_integer_matmuls(quantized: onnx.ModelProto) -> int:
 
 def quantize_dynamic_graph(fp32_path: Path, out_path: Path, variant: Int8Variant) -> None:
     """ORT's dynamic quantization of the MatMul and Attention weights (embeddings untouched)."""
+    import logging
+
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(
-        str(fp32_path), str(out_path), op_types_to_quantize=list(QUANTIZED_OPS),
-        weight_type=getattr(QuantType, variant.weight_type), per_channel=variant.per_channel,
-        reduce_range=variant.reduce_range,
-        # Contrib ops defeat ONNX shape inference; every tensor in these graphs is float32.
-        extra_options={"MatMulConstBOnly": True, "DefaultTensorType": TensorProto.FLOAT},
-    )
-
-
-def shared_data_layout(model: onnx.ModelProto) -> dict[str, dict[str, str]]:
-    """Initializer name → its external-data entries (location, offset, length)."""
-    return {init.name: {e.key: e.value for e in init.external_data}
-            for init in model.graph.initializer if init.data_location == TensorProto.EXTERNAL}
-
-
-def point_to_data(model: onnx.ModelProto, layout: dict[str, dict[str, str]]) -> None:
-    """Make the named initializers reference the shared external-data file again (no bytes inline)."""
-    for init in model.graph.initializer:
-        if init.name in layout:
-            init.ClearField("raw_data")
-            init.data_location = TensorProto.EXTERNAL
-            del init.external_data[:]
-            for key, value in layout[init.name].items():
-                entry = init.external_data.add()
-                entry.key, entry.value = key, value
+    logging.disable(logging.WARNING)  # its advice to run its pre-processing, on every call: not for these graphs
+    try:
+        quantize_dynamic(
+            str(fp32_path), str(out_path), op_types_to_quantize=list(QUANTIZED_OPS),
+            weight_type=getattr(QuantType, variant.weight_type), per_channel=variant.per_channel,
+            reduce_range=variant.reduce_range,
+            # Contrib ops defeat ONNX shape inference; every tensor in these graphs is float32.
+            extra_options={"MatMulConstBOnly": True, "DefaultTensorType": TensorProto.FLOAT},
+        )
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def quantize_variants(fp32_graph: Path, out_dir: Path, calibration_feeds: Iterable[dict[str, np.ndarray]],
@@ -365,22 +359,48 @@ def quantize_variants(fp32_graph: Path, out_dir: Path, calibration_feeds: Iterab
         smooth_activation_outliers(plain, activation_stats(plain_path, list(smoothing_targets(plain)), feeds), alpha)
         smoothed_path = work / "fp32-smoothed.onnx"
         onnx.save(plain, str(smoothed_path))
+        originals = stub_external_data(plain)
+        stubbed_path = work / "fp32-smoothed-stubbed.onnx"
+        onnx.save(plain, str(stubbed_path))
         ranges: dict[str, tuple[float, float]] | None = None
         for name in names:
             variant = VARIANTS_BY_NAME[name]
             dynamic_path = work / f"{name}-dynamic.onnx"
-            quantize_dynamic_graph(smoothed_path, dynamic_path, variant)
+            quantize_dynamic_graph(stubbed_path, dynamic_path, variant)
             quantized = onnx.load(str(dynamic_path), load_external_data=False)
             if ranges is None:  # every variant quantizes the same activations
                 stats = activation_stats(smoothed_path, dynamic_inputs(quantized), feeds)
                 ranges = {tensor: (s.low, s.high) for tensor, s in stats.items()}
             pin_activation_scales(quantized, ranges)
             fuse_integer_matmuls(quantized)
-            point_to_data(quantized, layout)
+            restore_external_data(quantized, originals)
             path = out_dir / f"model-{name}.onnx"
             onnx.save(quantized, str(path))
             paths[name] = path
     return paths
+
+
+def stub_external_data(model: onnx.ModelProto) -> dict[str, TensorProto]:
+    """Replace each initializer kept in an external-data file (the word table) by a one-row
+    stand-in of its type and width; returns name → the original reference. ORT's quantizer never
+    changes the table (a Gather's), but it would load it and copy it several times: an imported
+    250k-piece float32 table is 384 MB a copy."""
+    originals = {}
+    for init in model.graph.initializer:
+        if init.data_location == TensorProto.EXTERNAL:
+            original = TensorProto()
+            original.CopyFrom(init)
+            originals[init.name] = original
+            dtype = helper.tensor_dtype_to_np_dtype(init.data_type)
+            init.CopyFrom(numpy_helper.from_array(np.zeros([1, *init.dims[1:]], dtype=dtype), init.name))
+    return originals
+
+
+def restore_external_data(model: onnx.ModelProto, originals: dict[str, TensorProto]) -> None:
+    """Put the original external-data references back in place of `stub_external_data`'s stand-ins."""
+    for init in model.graph.initializer:
+        if init.name in originals:
+            init.CopyFrom(originals[init.name])
 
 
 def calibration_record(feeds: Sequence[dict[str, np.ndarray]], source: str, alpha: float = SMOOTHING_ALPHA) -> dict:
@@ -390,220 +410,49 @@ def calibration_record(feeds: Sequence[dict[str, np.ndarray]], source: str, alph
             "ranges": "min/max over unpadded tokens", "smoothing": {"method": "SmoothQuant", "alpha": alpha}}
 
 
-def text_feeds(tokenizer_path: Path, texts: Sequence[str], max_length: int, pad_id: int,
-               batch_size: int = 32) -> list[dict[str, np.ndarray]]:
-    """{input_ids, attention_mask} batches of texts sorted by length (little padding)."""
-    from tokenizers import Tokenizer
+def text_feeds(encoder: TextEncoder, texts: Sequence[str], batch_size: int = 32,
+               batch_tokens: int = 2048) -> list[dict[str, np.ndarray]]:
+    """{input_ids, attention_mask} batches of texts sorted by length (little padding), tokenized by
+    the runtime's own `TextEncoder` for the package (the ids the model will be fed). A batch holds
+    at most `batch_tokens` padded tokens: calibration fetches every quantized op's input, so a
+    batch of 32 texts of 512 tokens would hold gigabytes of activations."""
+    from runtime.text import pad_batch
 
-    tokenizer = Tokenizer.from_file(str(tokenizer_path))
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length=max_length)
-    seqs = sorted((e.ids for e in tokenizer.encode_batch(list(texts))), key=len)
-    from models.evaluate import pad_numpy
-
-    feeds = []
-    for start in range(0, len(seqs), batch_size):
-        ids, mask = pad_numpy(seqs[start:start + batch_size], pad_id)
+    items = sorted(encoder.tokenize(list(texts)), key=lambda item: len(item.ids))
+    feeds, start = [], 0
+    while start < len(items):
+        rows = max(1, min(batch_size, batch_tokens // len(items[min(start + batch_size, len(items)) - 1].ids)))
+        batch = items[start:start + rows]
+        ids, mask = pad_batch(batch, max(len(item.ids) for item in batch), encoder.pad_id)
         feeds.append({"input_ids": ids, "attention_mask": mask})
+        start += len(batch)
     return feeds
 
 
-# -- accuracy gate, golden outputs, package ------------------------------------------------------
-
-MAX_ACCURACY_DROP_POINTS = 0.5
-MAX_MACRO_F1_DROP_POINTS = 0.5
-MAX_RECALL_DROP_POINTS = 3.0
-# selftest's bound on |Δp| vs the variant's own expected outputs (computed on the factory's CPU).
-# Measured spread of the golden runs across MLAS kernel families (the bundle's selftest
-# --all-variants under qemu vs the factory's AVX-512 VNNI box). machine-alarms 2.0.0: fp32
-# <= 4.6e-7 everywhere; int8-u8s8 2.2e-3 on Conroe, Nehalem, SandyBridge, cortex-a53/a72,
-# neoverse-n1 and qemu max (i8mm); int8-u8u8 5e-8 on Haswell (the factory box's own u8u8 kernel),
-# 2.3e-3 on Conroe, Nehalem, SandyBridge and 3.5e-3 on ARM64 (topics-multilingual 1.2.0 had
-# 6.9e-4 / 8.8e-4: this model's head, unit-length features x a large linear layer, makes one
-# quantization step worth more probability). int8-u8s8 on AVX2 without VNNI (VPMADDUBSW
-# saturation) is off by 3.5e-2 on Haswell, a CPU it is not made for: selftest rightly fails it.
-# The corruptions of tests/test_selftest.py (one weight scale 2 % off, one zero point +1) move
-# the outputs by 2.0e-2 to 3.7e-2. int8: 9e-3 = ~2.6x the largest legitimate spread, ~2.3x
-# under the smallest corruption.
-EXPECTED_TOLERANCE = {"fp32": 1e-4, "int8-u8u8": 9e-3, "int8-u8s8": 9e-3, "int8-u8s7": 9e-3}
-
-
-def accuracy_gate(reference: dict, candidate: dict) -> list[str]:
-    """Why an int8 variant may not be published (empty: it may): accuracy and macro-F1 within
-    0.5 point of FP32, no class's recall down more than 3 points (held-out split)."""
-    failures = []
-    for key, limit in (("accuracy", MAX_ACCURACY_DROP_POINTS), ("macro_f1", MAX_MACRO_F1_DROP_POINTS)):
-        drop = 100.0 * (reference[key] - candidate[key])
-        if drop > limit:
-            failures.append(f"{key} drops {drop:.2f} points (limit {limit})")
-    for label, recall in reference["recall"].items():
-        drop = 100.0 * (recall - candidate["recall"].get(label, 0.0))
-        if drop > MAX_RECALL_DROP_POINTS:
-            failures.append(f"class {label!r} recall drops {drop:.2f} points (limit {MAX_RECALL_DROP_POINTS})")
-    return failures
-
-
-def golden_expectations(package, variant: str, texts: Sequence[str]) -> dict[str, list[list[float]]]:
-    """A variant's own outputs for the golden texts, computed the way `decide selftest` runs them.
-
-    "alone": each text in its own call (batch 1, its own length); "batched": all texts in one
-    `classify` call, which the engine plans into padded length buckets. Imports the runtime's
-    engine, so the numbers come from the same code path the user's machine runs.
-    """
-    from runtime.engine import Engine
-
-    engine = Engine(package, variant, verify=False)
-    alone = [engine.classify([text])[0].probs for text in texts]
-    batched = [r.probs for r in engine.classify(list(texts))]
-    return {"alone": [[round(p, 7) for p in row] for row in alone],
-            "batched": [[round(p, 7) for p in row] for row in batched]}
-
-
-def _evaluate(session, seqs: list[list[int]], pad_id: int) -> np.ndarray:
-    from models.evaluate import ort_logits, softmax
-
-    return softmax(ort_logits(session, seqs, pad_id, name="evaluate"))
-
-
-def requantize_package(package_dir: Path, calibration_texts: Sequence[str], validation: Sequence,
-                       test: Sequence, version: str | None = None,
-                       names: Sequence[str] = DEFAULT_INT8) -> dict:
-    """Rebuild a package's int8 variants, golden expectations and manifest entries from its FP32 graph.
-
-    `calibration_texts`: the training split's texts; `validation`/`test`: held-out examples
-    (objects with .text, .label, .language) for the accuracy gate (validation + test) and the
-    manifest's test metrics. The FP32 graph, tokenizer and shared data stay byte-identical.
-    Variants failing the gate are not published. Returns {"published", "rejected", "gate"}.
-    """
-    from dataclasses import replace
-
-    from models.evaluate import batch1_latency_ms, ort_session
-    from models.metrics import classification_metrics, metrics_by_language, quantization_gate
-    from runtime.package import Package, file_entry, load_package, read_golden, write_manifest
-
-    package_dir = Path(package_dir)
-    package = load_package(package_dir)
-    manifest = package.manifest
-    fp32 = manifest.variants["fp32"]
-    staging = package_dir.parent / f".{package_dir.name}.requantize"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    for entry in (manifest.tokenizer, *fp32.files()):
-        shutil.copyfile(package.path(entry), staging / entry.file)
-    feeds = text_feeds(staging / manifest.tokenizer.file, calibration_texts, manifest.max_length, manifest.pad_id)
-    paths = quantize_variants(staging / fp32.file.file, staging, feeds, names)
-
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(staging / manifest.tokenizer.file))
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length=manifest.max_length)
-    labels = manifest.labels
-    heldout = list(validation) + list(test)
-    seqs = [e.ids for e in tokenizer.encode_batch([e.text for e in heldout])]
-    y = np.array([labels.index(e.label) for e in heldout])
-    n_val = len(validation)
-    probs = {"fp32": _evaluate(ort_session(staging / fp32.file.file), seqs, manifest.pad_id)}
-    reference = classification_metrics(y, probs["fp32"].argmax(1), labels)
-    median_seq = sorted(seqs[n_val:], key=len)[len(seqs[n_val:]) // 2]
-    published, rejected, gates, variants = ["fp32"], {}, {}, {"fp32": fp32}
-    record = calibration_record(feeds, "training split")
-    for name, path in paths.items():
-        session = ort_session(path)
-        probs[name] = _evaluate(session, seqs, manifest.pad_id)
-        candidate = classification_metrics(y, probs[name].argmax(1), labels)
-        # The decision is the paired gate (models.metrics.quantization_gate: accuracy within 1.5
-        # points; a class's recall loss > 3 points only counts when McNemar says it is not noise),
-        # which holds on small user data; the strict figures (0.5 point) are recorded beside it.
-        paired = quantization_gate(y, probs["fp32"].argmax(1), probs[name].argmax(1), labels)
-        failures = list(paired.failures)
-        gates[name] = {
-            "passed": not failures, "failures": failures, "examples": len(y), "set": "validation+test",
-            "rule": "paired with fp32: accuracy drop <= 1.5 points; no class recall drop > 3 points "
-                    "with one-sided exact McNemar p < 0.05",
-            "strict_rule_failures": accuracy_gate(reference, candidate),
-            "accuracy_drop_points": round(100 * (reference["accuracy"] - candidate["accuracy"]), 3),
-            "macro_f1_drop_points": round(100 * (reference["macro_f1"] - candidate["macro_f1"]), 3),
-            "worst_recall_drop_points": round(max(100 * (r - candidate["recall"].get(k, 0.0))
-                                                  for k, r in reference["recall"].items()), 3),
-            "label_agreement_with_fp32": int((probs[name].argmax(1) == probs["fp32"].argmax(1)).sum()),
-        }
-        if failures:
-            rejected[name] = failures
-            path.unlink()
-            continue
-        published.append(name)
-        test_result = metrics_by_language(y[n_val:], probs[name][n_val:].argmax(1),
-                                          [e.language for e in test], labels)
-        metrics = {
-            "test": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in test_result["all"].items()},
-            "by_language": test_result["by_language"],
-            "max_abs_dp_vs_ort_fp32_heldout": round(float(np.abs(probs[name] - probs["fp32"]).max()), 6),
-            "latency_batch1": batch1_latency_ms(session, median_seq, manifest.pad_id),
-            "gate": gates[name],
-        }
-        metrics["test"]["recall"] = {k: round(v, 4) for k, v in test_result["all"]["recall"].items()}
-        variant = VARIANTS_BY_NAME[name]
-        variants[name] = replace(
-            fp32, name=name, file=file_entry(staging, path.name), precision="int8",
-            weights_storage="int8" + fp32.weights_storage.partition(";")[1] + fp32.weights_storage.partition(";")[2],
-            quantization=variant.settings(record), metrics=metrics)
-
-    golden = read_golden(package)
-    texts = [g["text"] for g in golden]
-    draft = replace(manifest, variants=variants)
-    expected = {name: golden_expectations(Package(staging, draft), name, texts) for name in published}
-    keep = [i for i, g in enumerate(golden)
-            if all(int(np.argmax(expected[n][run][i])) == labels.index(g["label"])
-                   for n in published for run in ("alone", "batched"))]
-    with open(staging / "golden.jsonl", "w", encoding="utf-8") as fh:
-        for i in keep:
-            line = dict(golden[i])
-            line["expected"] = {n: {run: expected[n][run][i] for run in ("alone", "batched")} for n in published}
-            fh.write(json.dumps(line, ensure_ascii=False) + "\n")
-    for name in published:
-        worst = max((abs(p - q) for i in keep for run in ("alone", "batched")
-                     for p, q in zip(expected[name][run][i], golden[i]["probs"])), default=0.0)
-        tolerance = fp32.golden_tolerance if name == "fp32" else float(np.ceil((2 * worst + 2e-3) * 1000) / 1000)
-        variants[name] = replace(variants[name], golden_tolerance=tolerance,
-                                 expected_tolerance=EXPECTED_TOLERANCE[name])
-    provenance = dict(manifest.provenance)
-    provenance["rejected_variants"] = rejected
-    provenance["requantized"] = {"by": "models.quantize.requantize_package", "gate": gates,
-                                 "golden_examples": len(keep), "from_version": manifest.version}
-    new = replace(manifest, version=version or manifest.version, variants=variants,
-                  golden=file_entry(staging, "golden.jsonl"), provenance=provenance)
-    write_manifest(staging, new)
-    for stale in package_dir.glob("model-int8-*.onnx"):
-        if stale.name not in {p.name for n, p in paths.items() if n in published}:
-            stale.unlink()
-    for name in published[1:]:
-        os.replace(paths[name], package_dir / paths[name].name)
-    os.replace(staging / "golden.jsonl", package_dir / "golden.jsonl")
-    os.replace(staging / "manifest.json", package_dir / "manifest.json")  # last: readers see old or new
-    shutil.rmtree(staging)
-    return {"published": published, "rejected": rejected, "gate": gates}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python3 -m models.quantize PACKAGE_DIR [--version V]`: re-quantize the default package's
-    int8 variants (calibration: the training split of the recipe's data; gate: validation+test)."""
+    """`python3 -m models.quantize PACKAGE_DIR [--recipe NAME] [--version V]`: re-quantize a package's
+    int8 variants from its FP32 graph (calibration: the training split of the recipe's data; gate:
+    validation + test). The recipe defaults to the one the package was trained with, else the one
+    named like it, else the embedded default's (models/recipes/machine-alarms.json)."""
     import argparse
 
-    from models.data import load_chatterbot_topics
-    from models.userdata import split_examples
+    from models.__main__ import guarded
+    from models.requantize import requantize_package
 
     parser = argparse.ArgumentParser(prog="python3 -m models.quantize", description=main.__doc__)
     parser.add_argument("package", type=Path)
+    parser.add_argument("--recipe", help="recipe whose data calibrates and gates (models/recipes/NAME.json)")
     parser.add_argument("--version")
-    parser.add_argument("--split-seed", type=int, default=13)
     parser.add_argument("--variants", nargs="*", default=list(DEFAULT_INT8), choices=list(VARIANTS_BY_NAME))
     args = parser.parse_args(argv)
-    splits = split_examples(load_chatterbot_topics(), args.split_seed)
-    result = requantize_package(args.package, [e.text for e in splits.train], splits.val, splits.test,
-                                version=args.version, names=args.variants)
-    print(json.dumps(result, indent=2))
-    return 0
+
+    def run() -> int:
+        manifest = requantize_package(args.package, args.recipe, version=args.version, names=args.variants)
+        print(json.dumps({"variants": list(manifest.variants),
+                          "rejected": manifest.provenance.get("rejected_variants", {})}, indent=2))
+        return 0
+
+    return guarded(run)
 
 
 if __name__ == "__main__":

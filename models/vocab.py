@@ -27,7 +27,7 @@ from tokenizers import Tokenizer
 METASPACE = "\u2581"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def char_script(char: str) -> str | None:
     """Script of a letter or mark (first word of its Unicode name, 'CJK' for ideographs); None otherwise."""
     if not unicodedata.category(char).startswith(("L", "M")):
@@ -103,8 +103,9 @@ def unk_rate_by_script(tokenizer: Tokenizer, probes: dict[str, str]) -> dict[str
 def trim_tokenizer_json(tokenizer_json: dict, kept: np.ndarray, max_length: int) -> dict:
     """A Unigram tokenizer.json restricted to `kept` old ids (renumbered 0..len-1), truncating at max_length."""
     new_id = {int(old): new for new, old in enumerate(kept)}
-    trimmed = copy.deepcopy(tokenizer_json)
-    model = trimmed["model"]
+    # everything but the base vocabulary (250k pieces, replaced below): copying it took seconds
+    trimmed = copy.deepcopy({k: v for k, v in tokenizer_json.items() if k != "model"})
+    trimmed["model"] = model = copy.deepcopy({k: v for k, v in tokenizer_json["model"].items() if k != "vocab"})
     if model["type"] != "Unigram":
         raise ValueError(f"vocabulary trimming supports Unigram tokenizers, not {model['type']}")
     model["vocab"] = [tokenizer_json["model"]["vocab"][int(old)] for old in kept]

@@ -76,12 +76,12 @@ def decide(probs: Sequence[float], policy: AbstentionPolicy, unknown_share: floa
     cases = policy.case_indices
     best_case = max(cases, key=probs.__getitem__)
     leaning, score = policy.labels[best_case], probs[best_case]
+    top = policy.labels[max(range(len(probs)), key=probs.__getitem__)]
+    novel = novelty is not None and policy.novelty_threshold is not None and novelty > policy.novelty_threshold
     reason = None
     if unknown_share > policy.max_unknown_share:
         reason = UNREADABLE
-    elif policy.labels[max(range(len(probs)), key=probs.__getitem__)] in policy.negative_labels:
-        reason = OUT_OF_SCOPE
-    elif novelty is not None and policy.novelty_threshold is not None and novelty > policy.novelty_threshold:
+    elif top in policy.negative_labels or novel:
         reason = OUT_OF_SCOPE
     elif policy.min_score is not None and score < policy.min_score:
         reason = LOW_SCORE

@@ -33,7 +33,7 @@ FALLBACK_TEXTS = (
 def bench_texts(engine: Engine) -> tuple[list[str], list[str]]:
     """Short (≤ 16 tokens) and long (~128 tokens) texts from the golden set."""
     pool = [g["text"] for g in read_golden(engine.package)] or list(FALLBACK_TEXTS)
-    counts = [len(e.ids) for e in engine.encoder.encode(pool)]
+    counts = [len(e.ids) for e in engine.encoder.tokenize(pool)]
     short = [t for t, n in zip(pool, counts) if n <= SHORT_TOKENS] or [pool[counts.index(min(counts))]]
     target = min(LONG_TOKENS, engine.encoder.max_length)
     long_texts: list[str] = []
@@ -86,10 +86,10 @@ def run_bench(engine: Engine, batch_sizes: Sequence[int], seconds: float = 2.0) 
     for kind, texts in (("short", short), ("long", long_texts)):
         for batch_size in batch_sizes:
             nth = _batches(texts, batch_size)
-            rows.append({"texts": kind, **measure(lambda i: engine.classify(nth(i)), batch_size, seconds)})
+            rows.append({"texts": kind, **measure(lambda i, nth=nth: engine.classify(nth(i)), batch_size, seconds)})
 
     fixed = min(LONG_TOKENS, engine.encoder.max_length)
-    encoded_short = engine.encoder.encode(short)
+    encoded_short = engine.encoder.tokenize(short)
     for batch_size in (1, max(batch_sizes)):
         def run_fixed(i: int, size: int = batch_size) -> None:
             items: list[Encoded] = [encoded_short[(i * size + k) % len(encoded_short)] for k in range(size)]
@@ -111,12 +111,12 @@ def run_bench(engine: Engine, batch_sizes: Sequence[int], seconds: float = 2.0) 
 def format_table(report: dict[str, Any]) -> str:
     """The bench report as a plain text table."""
     lines = [
-        f"model {report['model']}, variant {report['variant']}, tier {report.get('tier', '?')}, "
-        f"{report['threads']} threads, buckets {report['buckets']}",
-        f"short texts: {report['short_texts']['count']} (≤ {report['short_texts']['max_tokens']} tokens); "
-        f"long texts: ~{report['long_texts']['target_tokens']} tokens",
-        f"{'texts':<22}{'batch':>6}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'ms/item':>10}{'items/s':>10}"
-        f"{'cpu ms/item':>13}",
+        (f"model {report['model']}, variant {report['variant']}, tier {report.get('tier', '?')}, "
+         f"{report['threads']} threads, buckets {report['buckets']}"),
+        (f"short texts: {report['short_texts']['count']} (≤ {report['short_texts']['max_tokens']} tokens); "
+         f"long texts: ~{report['long_texts']['target_tokens']} tokens"),
+        (f"{'texts':<22}{'batch':>6}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}{'ms/item':>10}{'items/s':>10}"
+         f"{'cpu ms/item':>13}"),
     ]
     for row in report["rows"]:
         lines.append(

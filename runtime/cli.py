@@ -1,4 +1,4 @@
-"""Command line: `decide [serve]`, `decide info`, `decide selftest`, `decide bench`.
+"""Command line: `decide [serve]`, `decide info`, `decide selftest`, `decide bench`, `decide score`.
 
 Order matters: arguments → CPU probe → tier choice → numeric stack (runtime.stack: which numpy
 goes first on sys.path) → package manifest, all stdlib; only then are numpy/onnxruntime imported
@@ -14,23 +14,23 @@ import json
 import logging
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime import __version__
+from runtime import __version__, classifier, signing
 from runtime.appdir import DEFAULT_MODEL, default_model_dir, find_data_dir
-from runtime.cpu import CpuFeatures, probe
+from runtime.classifier import Setup
+from runtime.cpu import probe
 from runtime.framing import OutputFailed
-from runtime.package import Package, PackageError, load_package
+from runtime.logs import configure_logging
+from runtime.package import PackageError, load_package
 from runtime.protocol import DEFAULT_MAX_BATCH, DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_TEXTS
-from runtime.stack import LegacyStackMissing, NumericStack, activate, stack_for
+from runtime.stack import LegacyStackMissing, stack_for
 from runtime.tiers import (
-    Choice,
     CpuUnsupported,
     NoUsableVariant,
     OverrideError,
-    PlatformTiers,
+    PlatformDataError,
     check_tiers,
     load_platform,
     select,
@@ -40,12 +40,14 @@ EXIT_OK = 0
 EXIT_INTERNAL = 1  # a bug: one stderr line (DECIDE_DEBUG=1 adds the traceback)
 EXIT_USAGE = 2  # bad arguments, or an override this CPU/package cannot honour
 EXIT_CPU_UNSUPPORTED = 3
-EXIT_PACKAGE = 4  # model package missing, malformed, checksum mismatch, no usable variant
+EXIT_PACKAGE = 4  # model package (or platforms/*.json) missing, malformed, checksum mismatch, unsigned
+# or wrongly signed while trusted keys are configured, no usable variant
 EXIT_SELFTEST_FAILED = 5
 EXIT_OUTPUT_FAILED = 6  # stdout cannot take the answers (full disk, closed, bad fd); not EPIPE
-EXIT_INTERRUPTED = 130  # Ctrl-C before serving started
+EXIT_INTERRUPTED = 130  # a stop signal (Ctrl-C, SIGTERM, SIGQUIT) before serving started
 
-COMMANDS = ("serve", "info", "selftest", "bench")
+COMMANDS = ("serve", "info", "selftest", "bench", "score")
+SWAP_COMMANDS = ("reload", "rollback")  # clients of a running socket service (runtime/swapclient.py)
 ENV_MODEL, ENV_TIER, ENV_VARIANT = "DECIDE_MODEL", "DECIDE_TIER", "DECIDE_VARIANT"
 ENV_DEBUG = "DECIDE_DEBUG"
 
@@ -65,8 +67,9 @@ def build_parser(command: str) -> argparse.ArgumentParser:
             "info": "Show the probed CPU, every tier with pass/fail, and the choice.",
             "selftest": "Check the golden examples against each variant's own expected outputs and the FP32 reference on this machine.",
             "bench": "Latency percentiles and throughput per batch size, short and long texts.",
+            "score": "Classify a CSV, JSON-lines or Parquet file into a file of answers (resumable).",
         }[command],
-        epilog="Commands: serve (default), info, selftest, bench. Exit codes: 0 ok, 1 internal error, "
+        epilog="Commands: serve (default), info, selftest, bench, score, reload, rollback. Exit codes: 0 ok, 1 internal error, "
         "2 usage, 3 CPU unsupported, 4 model package error, 5 selftest failed, 6 output failed.",
     )
     parser.add_argument("--model", type=Path, default=None,
@@ -78,6 +81,10 @@ def build_parser(command: str) -> argparse.ArgumentParser:
                         help="batches of one model call run at once (default: usable cores; 1 = one after another)")
     parser.add_argument("--spin", action="store_true",
                         help="let ORT worker threads spin between requests (lower latency, burns CPU)")
+    parser.add_argument("--trust-key", action="append", default=[], metavar="FILE",
+                        help=f"a minisign public key (or a directory of *.pub) the package must be signed with; "
+                             f"repeatable; also ${signing.ENV_TRUST_KEYS} and {signing.TRUSTED_KEYS_DIR}/ next to the binary. "
+                             "With any trusted key, unsigned or wrongly signed packages are refused (exit 4)")
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
     parser.add_argument("--version", action="version", version=f"decide {__version__}")
     if command == "serve":
@@ -92,9 +99,18 @@ def build_parser(command: str) -> argparse.ArgumentParser:
                             help='abstain below this calibrated score: "label": null, "abstained": true, '
                                  "scores kept (default: never abstain; pick X from `python -m models "
                                  "evaluate`'s coverage table)")
+        parser.add_argument("--watch", type=Path, default=None, metavar="DIR",
+                            help="serve each new complete package that appears in DIR (one subdirectory each), "
+                                 "after checking, warming and self-testing it in the background")
+        parser.add_argument("--watch-interval", type=float, default=2.0, metavar="SECONDS",
+                            help="how often --watch looks (default 2)")
         from runtime import server  # stdlib only, like this module
 
         server.add_arguments(parser)
+    if command == "score":
+        from runtime import score  # stdlib only until it loads the model
+
+        score.add_arguments(parser)
     if command in ("info", "selftest", "bench"):
         parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     if command == "selftest":
@@ -107,22 +123,9 @@ def build_parser(command: str) -> argparse.ArgumentParser:
 
 def split_command(argv: list[str]) -> tuple[str, list[str]]:
     """The command name (serve if none given) and its arguments."""
-    if argv and argv[0] in COMMANDS:
+    if argv and argv[0] in (*COMMANDS, *SWAP_COMMANDS):
         return argv[0], argv[1:]
     return "serve", argv
-
-
-@dataclass(frozen=True)
-class Setup:
-    """Everything decided before numpy/onnxruntime are imported."""
-
-    features: CpuFeatures
-    platform: PlatformTiers
-    choice: Choice
-    package: Package
-    threads: int
-    workers: int
-    stack: NumericStack
 
 
 def model_dir(args: argparse.Namespace) -> Path:
@@ -140,75 +143,68 @@ def overrides(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
 
 def prepare(args: argparse.Namespace) -> Setup:
-    """CPU → tier → package → variant, the stdlib-only part of every command that runs the model."""
-    features = probe()
-    platform = load_platform(find_data_dir("platforms"), features.arch)
-    tier_override, variant_override = overrides(args)
-    # Refuse the CPU, or a tier whose numeric stack is missing, before touching the package.
-    tier = select(features, platform, None, tier_override).tier
-    stack = stack_for(tier)
-    package = load_package(model_dir(args))
-    choice = select(features, platform, package.manifest.variants.keys(), tier_override, variant_override)
+    """CPU → tier → package → variant (runtime.classifier.prepare) from the command line."""
     for flag in ("threads", "workers"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise UsageError(f"--{flag} must be at least 1")
-    cap = choice.tier.threads_max or features.usable_cores
-    threads = args.threads or min(features.usable_cores, cap)
-    workers = args.workers or min(features.usable_cores, cap)
-    activate(stack)  # before runtime.engine imports numpy
-    if stack.path is not None:
-        log.info("numeric stack: %s", stack.reason)
-    return Setup(features, platform, choice, package, threads, workers, stack)
+    return classifier.prepare(model_dir(args), *overrides(args), threads=args.threads, workers=args.workers,
+                              trust_keys=getattr(args, "trust_key", ()))  # a caller-made Namespace may lack it
 
 
 def load_engine(setup: Setup, args: argparse.Namespace, variant: str | None = None,
                 max_batch: int = DEFAULT_MAX_BATCH):
     """Import the numeric stack (only now) and build the warmed engine."""
-    from runtime.engine import Engine, EngineLimits, SessionSettings
+    return classifier.load_engine(setup, variant, max_batch, spin=args.spin)
 
-    ort_settings = setup.choice.tier.ort
-    settings = SessionSettings(
-        threads=setup.threads,
-        workers=setup.workers,
-        spinning=args.spin,
-        graph_optimization_level=ort_settings.get("graph_optimization_level", "extended"),
-        inter_op_threads=int(ort_settings.get("inter_op_threads", 1)),
-    )
-    engine = Engine(setup.package, variant or setup.choice.variant, settings, EngineLimits(max_batch=max_batch))
-    engine.warm_up()
-    return engine
+
+def watcher_for(args: argparse.Namespace):
+    """The --watch directory's watcher (None without --watch), checked before the model loads."""
+    from runtime.watch import watcher_for as make
+
+    try:
+        return make(args.watch, args.watch_interval)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve JSON lines on stdin/stdout."""
-    from runtime import server, stdio
+    from runtime import server, signals, stdio
     from runtime.protocol import Limits
 
     if args.max_line_bytes < 1 or args.max_texts < 1 or args.max_batch < 1:
         raise UsageError("--max-line-bytes, --max-texts and --max-batch must be at least 1")
     if args.min_score is not None and not 0.0 < args.min_score <= 1.0:
         raise UsageError(f"--min-score must be in (0, 1], got {args.min_score}")
+    signals.before_serving()  # a HUP or USR1 while the model loads must not end the process
     # Claim stdout before importing numpy/onnxruntime, so nothing they print reaches the wire.
     wire = stdio.protect_stdout(require_stdout=not server.wants_socket(args))
     if server.wants_socket(args):
         return serve_socket(args, wire)
     setup = prepare(args)
-    engine = load_engine(setup, args, max_batch=args.max_batch)
-    from runtime.service import Service
+    watcher = watcher_for(args)
+    from runtime import candidate
+    from runtime.service import Service, TransportHooks
+    from runtime.swap import Swapper
 
     limits = Limits(max_line_bytes=args.max_line_bytes, max_texts=args.max_texts)
-    service = Service(engine, limits, info={"tier": setup.choice.tier.name, "arch": setup.features.arch},
+    service = Service(None, limits, info={"tier": setup.choice.tier.name, "arch": setup.features.arch},
                       min_score=args.min_score)
+    swapper = Swapper(service, lambda path: candidate.build(setup, args, setup.trusted, path),
+                      candidate.initial(setup, args))
+    service.hooks = TransportHooks(info=lambda: {"swap": swapper.to_json()},
+                                   stats=lambda: {"swap": swapper.stats_json()})
+    engine = swapper.current.engine
     log.info("ready: model %s %s, tier %s, variant %s, %d threads, %d workers, warm-up %.0f ms",
              setup.package.manifest.name, setup.package.manifest.version, setup.choice.tier.name,
              engine.variant.name, setup.threads, setup.workers, engine.warm_up_ms)
-    return stdio.serve(service, wire, ready=args.ready)
+    return stdio.serve(service, wire, ready=args.ready, swapper=swapper, watcher=watcher)
 
 
 def serve_socket(args: argparse.Namespace, wire: int) -> int:
     """`serve --socket PATH | --tcp HOST:PORT`: check and bind first, then load the model inside the
     server (health answers "loading" meanwhile); see runtime/server.py."""
-    from runtime import server
+    from runtime import candidate, server
     from runtime.protocol import Limits
     from runtime.service import Service  # stdlib only until an engine is attached
 
@@ -218,11 +214,13 @@ def serve_socket(args: argparse.Namespace, wire: int) -> int:
     except server.ListenError as exc:
         raise UsageError(str(exc)) from exc
     setup = prepare(args)
+    watcher = watcher_for(args)
     service = Service(None, limits, info={"tier": setup.choice.tier.name, "arch": setup.features.arch},
                       min_score=args.min_score)
     try:
-        return server.run(config, service, lambda: load_engine(setup, args, max_batch=args.max_batch),
-                          ready_wire=wire if args.ready else None)
+        return server.run(config, service, lambda: candidate.initial(setup, args),
+                          ready_wire=wire if args.ready else None,
+                          rebuild=lambda path: candidate.build(setup, args, setup.trusted, path), watcher=watcher)
     except server.ListenError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -234,8 +232,8 @@ def info_report(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
         "version": __version__,
         "python": sys.version.split()[0],
         "frozen": bool(getattr(sys, "frozen", False)),
-        "cpu": {"arch": features.arch, "usable_cores": features.usable_cores, "source": features.source,
-                "flags": sorted(features.flags)},
+        "cpu": {"arch": features.arch, "usable_cores": features.usable_cores, "cores_source": features.cores_source,
+                "source": features.source, "flags": sorted(features.flags)},
     }
     code = EXIT_OK
     try:
@@ -250,17 +248,22 @@ def info_report(args: argparse.Namespace) -> tuple[dict[str, Any], int]:
     ]
     path = model_dir(args)
     variants = None
+    trusted = signing.TrustedKeys.configured(getattr(args, "trust_key", ()))
+    report["trusted_keys"] = trusted.to_json()
     try:
         package = load_package(path)
         variants = package.manifest.variants.keys()
         report["model"] = {"path": str(path), "name": package.manifest.name,
                            "version": package.manifest.version, "variants": sorted(variants)}
+        signer = signing.check_signature(package.root, package.manifest_bytes, package.signature, trusted)
+        report["model"]["signature"] = signer.to_json() if signer else None
     except PackageError as exc:
         # Reported, not fatal: info is the diagnostic command and still shows the tier choice.
-        report["model"] = {"path": str(path), "error": str(exc)}
+        report["model"] = {**report.get("model", {}), "path": str(path), "error": str(exc)}
     try:
         choice = select(features, platform, variants, *overrides(args))
         report["choice"] = {"tier": choice.tier.name, "variant": choice.variant, "reasons": list(choice.reasons)}
+        report["threads"], report["workers"] = classifier.sizes(features, choice.tier, args.threads, args.workers)
         report["numeric_stack"] = stack_for(choice.tier).to_json()
         if choice.variant is not None:
             report["abstention"] = package.manifest.abstention_policy(choice.variant).to_json()
@@ -283,7 +286,7 @@ def format_info(report: dict[str, Any]) -> str:
     cpu = report["cpu"]
     lines = [
         f"decide {report['version']} (python {report['python']}{', frozen' if report['frozen'] else ''})",
-        f"cpu: {cpu['arch']}, {cpu['usable_cores']} usable cores, flags from {cpu['source']}",
+        f"cpu: {cpu['arch']}, {cpu['usable_cores']} usable cores from {cpu['cores_source']}, flags from {cpu['source']}",
         "flags: " + " ".join(cpu["flags"]),
     ]
     if "tiers" in report:
@@ -298,9 +301,14 @@ def format_info(report: dict[str, Any]) -> str:
         else:
             lines.append(f"model: {model['name']} {model['version']} at {model['path']} "
                          f"(variants: {', '.join(model['variants'])})")
+            lines.append(f"signature: {signing.describe_signature(model.get('signature'))}")
+    keys = report.get("trusted_keys", {}).get("keys", [])
+    lines.append("trusted keys: " + (", ".join(f"{k['key_id']} ({k['file']})" for k in keys) if keys
+                                     else "none (signatures are not enforced)"))
     if "choice" in report:
         choice = report["choice"]
-        lines.append(f"choice: tier {choice['tier']}, variant {choice['variant'] or '-'}")
+        lines.append(f"choice: tier {choice['tier']}, variant {choice['variant'] or '-'}, "
+                     f"{report['threads']} threads, {report['workers']} workers")
         lines.extend(f"  - {reason}" for reason in choice["reasons"])
     if "numeric_stack" in report:
         stack = report["numeric_stack"]
@@ -380,20 +388,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-HANDLERS = {"serve": cmd_serve, "info": cmd_info, "selftest": cmd_selftest, "bench": cmd_bench}
+def cmd_score(args: argparse.Namespace) -> int:
+    """File in, file of answers out (runtime/score.py)."""
+    from runtime import score
+
+    return score.run(args)
 
 
-def configure_logging(quiet: bool) -> None:
-    """Logs go to stderr, UTF-8 whatever the locale."""
-    if hasattr(sys.stderr, "reconfigure"):
-        sys.stderr.reconfigure(encoding="utf-8", errors="backslashreplace")
-    logging.basicConfig(stream=sys.stderr, level=logging.WARNING if quiet else logging.INFO,
-                        format="decide: %(message)s")
+HANDLERS = {"serve": cmd_serve, "info": cmd_info, "selftest": cmd_selftest, "bench": cmd_bench, "score": cmd_score}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the process exit code (see README)."""
     command, rest = split_command(list(sys.argv[1:] if argv is None else argv))
+    if command in SWAP_COMMANDS:
+        from runtime import swapclient
+
+        return swapclient.main(command, rest)
     args = build_parser(command).parse_args(rest)  # exits 2 on bad arguments
     configure_logging(args.quiet)
     try:
@@ -404,11 +415,14 @@ def main(argv: list[str] | None = None) -> int:
     except CpuUnsupported as exc:
         log.error("CPU not supported: %s. decide needs x86-64 with SSE3 or ARMv8 NEON.", exc)
         return EXIT_CPU_UNSUPPORTED
-    except (OverrideError, UsageError) as exc:
+    except (OverrideError, UsageError, signing.TrustError) as exc:
         log.error("%s", exc)
         return EXIT_USAGE
     except (PackageError, NoUsableVariant) as exc:
         log.error("model package error: %s", exc)
+        return EXIT_PACKAGE
+    except PlatformDataError as exc:
+        log.error("platform data error: %s", exc)
         return EXIT_PACKAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
@@ -420,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot write answers to stdout: %s", exc)
         discard_stdout()
         return EXIT_OUTPUT_FAILED
-    except Exception as exc:  # noqa: BLE001 — a bug: one line for the user, the traceback on request
+    except Exception as exc:  # a bug: one line for the user, the traceback on request
         if os.environ.get(ENV_DEBUG):
             log.exception("internal error")
         else:

@@ -1,4 +1,4 @@
-"""Probe the CPU: architecture, instruction-set flags, usable cores.
+"""Probe the CPU: architecture, instruction-set flags, usable cores (runtime/cgroup.py).
 
 Stdlib + py-cpuinfo's CPUID class only. This runs before numpy/onnxruntime are imported, because
 which stack (and whether any) can run depends on the answer: importing them first could die
@@ -17,6 +17,8 @@ import os
 import platform
 from dataclasses import dataclass
 from typing import Any
+
+from runtime.cgroup import CpuBudget, cpu_budget
 
 # Env var that replaces the probe, for tests and for trying a tier on another machine:
 # "x86_64:sse2,sse4_2,popcnt" or "aarch64:asimd,asimddp".
@@ -53,20 +55,13 @@ class CpuFeatures:
 
     arch: str  # "x86_64", "aarch64", or the raw machine name when unknown
     flags: frozenset[str]
-    usable_cores: int
+    usable_cores: int  # the smaller of affinity and the cgroup CPU quota (runtime/cgroup.py)
     source: str  # "cpuid", "hwcap", "fake" or "none": where the flags came from
+    cores_source: str = "affinity"  # where usable_cores comes from
 
     def has(self, flag: str) -> bool:
         """True if the CPU reports `flag`."""
         return flag in self.flags
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (affinity/cpuset aware, unlike os.cpu_count)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 def normalise_arch(machine: str) -> str:
@@ -74,11 +69,11 @@ def normalise_arch(machine: str) -> str:
     return _ARCH_ALIASES.get(machine.lower(), machine.lower())
 
 
-def parse_fake_cpu(spec: str, cores: int) -> CpuFeatures:
+def parse_fake_cpu(spec: str, budget: CpuBudget) -> CpuFeatures:
     """Parse the DECIDE_FAKE_CPU form "arch:flag1,flag2"."""
     arch, _, flag_text = spec.partition(":")
     flags = frozenset(f.strip().lower() for f in flag_text.split(",") if f.strip())
-    return CpuFeatures(normalise_arch(arch.strip()), flags, cores, "fake")
+    return CpuFeatures(normalise_arch(arch.strip()), flags, budget.cores, "fake", budget.source)
 
 
 def _x86_flags() -> frozenset[str]:
@@ -210,17 +205,18 @@ def hwcap_flags(hwcap: int, hwcap2: int) -> frozenset[str]:
 
 def probe() -> CpuFeatures:
     """Probe this CPU (or read DECIDE_FAKE_CPU). Never raises; unknown → empty flag set."""
-    cores = usable_cores()
+    budget = cpu_budget()
+    cores, why = budget.cores, budget.source
     fake = os.environ.get(FAKE_CPU_ENV)
     if fake:
-        return parse_fake_cpu(fake, cores)
+        return parse_fake_cpu(fake, budget)
     arch = normalise_arch(platform.machine())
     try:
         if arch == "x86_64":
-            return CpuFeatures(arch, _x86_flags(), cores, "cpuid")
+            return CpuFeatures(arch, _x86_flags(), cores, "cpuid", why)
         if arch == "aarch64":
-            return CpuFeatures(arch, _arm64_flags(), cores, "hwcap")
+            return CpuFeatures(arch, _arm64_flags(), cores, "hwcap", why)
     except (OSError, AttributeError, ImportError) as exc:
         # A probe failure must not crash the launcher: the tier picker then refuses clearly.
-        return CpuFeatures(arch, frozenset({f"probe-error:{type(exc).__name__}"}), cores, "none")
-    return CpuFeatures(arch, frozenset(), cores, "none")
+        return CpuFeatures(arch, frozenset({f"probe-error:{type(exc).__name__}"}), cores, "none", why)
+    return CpuFeatures(arch, frozenset(), cores, "none", why)

@@ -15,9 +15,21 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
-from runtime.batching import (DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_TOKENS, PlannedBatch, plan_batches,
-                              spread_batches)
-from runtime.package import Package, PackageError, verify_golden_file, verify_files
+from runtime.batching import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_BATCH_TOKENS,
+    PlannedBatch,
+    plan_batches,
+    spread_batches,
+)
+from runtime.package import (
+    Package,
+    PackageError,
+    check_external_data,
+    read_tokenizer,
+    verify_files,
+    verify_golden_file,
+)
 from runtime.text import DEFAULT_BUCKETS, Encoded, TextEncoder, bucket_lengths, pad_batch
 
 _OPT_LEVELS = {
@@ -116,11 +128,14 @@ class Engine:
         self.buckets = bucket_lengths(manifest.max_length, limits.buckets)
         if verify:
             # Refuse tampered or half-copied packages before ORT sees a byte of them.
-            verify_files(package, (manifest.tokenizer, *self.variant.files()))
+            verify_files(package, self.variant.files())
             verify_golden_file(package)
+        # Also unverified (the factory's drafts): ORT must never open a file the manifest does not list.
+        check_external_data(package, self.variant)
         tokenizer_path = package.path(manifest.tokenizer)
+        tokenizer_json = read_tokenizer(package, verify)
         try:
-            self.encoder = TextEncoder(tokenizer_path, manifest.max_length, manifest.pad_id)
+            self.encoder = TextEncoder(tokenizer_json, manifest.max_length, manifest.pad_id)
             vocabulary_size = self.encoder.tokenizer.get_vocab_size()
         except Exception as exc:  # tokenizers raises its own exception types for a broken file
             raise PackageError(f"cannot load the tokenizer {tokenizer_path}: {exc}") from exc
@@ -228,4 +243,4 @@ class Engine:
         """Tokenize and classify texts; results in input order."""
         if not texts:
             return []
-        return self.classify_encoded(self.encoder.encode(texts))
+        return self.classify_encoded(self.encoder.tokenize(texts))

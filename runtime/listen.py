@@ -20,7 +20,10 @@ from dataclasses import dataclass
 
 log = logging.getLogger("decide")
 
-LISTEN_BACKLOG = 128
+# Connections the kernel holds before decide accepts them. 128 made a burst of connects fail with
+# EAGAIN before decide could even answer busy (issue 23); the kernel caps this at
+# net.core.somaxconn (4096 on Linux ≥ 5.4, 128 before: raise it there for bursts).
+LISTEN_BACKLOG = max(socket.SOMAXCONN, 4096)
 MAX_UNIX_PATH_BYTES = 107  # sun_path is 108 bytes with the terminating NUL (Linux)
 ACCEPT_BURST = 64  # connections accepted per wake-up at most (others wait in the backlog)
 ACCEPT_RETRY_MIN_S = 0.1  # first pause after EMFILE; doubles up to ACCEPT_RETRY_MAX_S

@@ -5,6 +5,8 @@ A request line (bytes) becomes a typed request or an `ErrorReply` value; respons
 
 Requests:  {"id": <scalar, optional>, "text": "..."}  or  {"id": …, "texts": ["...", …]}
 Control:   {"id": …, "op": "health" | "info" | "stats"}
+Swap:      {"id": …, "op": "reload", "model": "/absolute/package/dir" (optional)}, {"op": "rollback"}
+           (socket service, owner uid only: runtime/swap.py)
 Errors:    {"id": …, "error": {"code": "<one of ERROR_CODES>", "message": "..."}}
 """
 
@@ -13,12 +15,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from runtime.abstain import Decision
 
-JsonScalar = Union[str, int, float, bool, None]
+JsonScalar = str | int | float | bool | None
 
 INVALID_UTF8 = "invalid_utf8"
 INVALID_JSON = "invalid_json"
@@ -30,11 +32,15 @@ TOO_MANY_TEXTS = "too_many_texts"
 UNKNOWN_OP = "unknown_op"
 INTERNAL_ERROR = "internal_error"  # the model failed on this request; the process keeps serving
 BUSY = "busy"  # socket server: request queue or connection limit full; retry later (nothing was run)
+FORBIDDEN = "forbidden"  # reload/rollback from a peer that is not the owner, over TCP, or on stdio
+SWAP_FAILED = "swap_failed"  # reload/rollback did not happen; the model that served still serves
 ERROR_CODES = (
     INVALID_UTF8, INVALID_JSON, INVALID_REQUEST, MISSING_TEXT, EMPTY_TEXT,
-    LINE_TOO_LONG, TOO_MANY_TEXTS, UNKNOWN_OP, INTERNAL_ERROR, BUSY,
+    LINE_TOO_LONG, TOO_MANY_TEXTS, UNKNOWN_OP, INTERNAL_ERROR, BUSY, FORBIDDEN, SWAP_FAILED,
 )
-CONTROL_OPS = ("health", "info", "stats")
+SWAP_OPS = ("reload", "rollback")
+CONTROL_OPS = ("health", "info", "stats", *SWAP_OPS)
+MAX_MODEL_PATH_CHARS = 4096
 
 DEFAULT_MAX_LINE_BYTES = 1 << 20
 DEFAULT_MAX_TEXTS = 256
@@ -86,10 +92,11 @@ class ClassifyRequest:
 
 @dataclass(frozen=True)
 class ControlRequest:
-    """A control operation: health, info or stats."""
+    """A control operation: health, info, stats, or a swap op (reload, rollback)."""
 
     id: JsonScalar
     op: str
+    model: str | None = None  # reload: the package directory (absolute); None = the one served
 
 
 @dataclass(frozen=True)
@@ -105,7 +112,7 @@ class ErrorReply:
         return {"id": self.id, "error": {"code": self.code, "message": self.message}}
 
 
-Request = Union[ClassifyRequest, ControlRequest, ErrorReply]
+Request = ClassifyRequest | ControlRequest | ErrorReply
 
 
 def _is_scalar(value: Any) -> bool:
@@ -140,8 +147,7 @@ def parse_line(line: bytes | LineTooLong, limits: Limits = Limits()) -> Request 
         text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
         return ErrorReply(None, INVALID_UTF8, f"line is not valid UTF-8 (byte {exc.start})")
-    if text.startswith("\ufeff"):
-        text = text[1:]  # a UTF-8 byte order mark (files saved by some Windows editors) is not data
+    text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark (files saved by some Windows editors) is not data
     if is_blank(text):
         return None
     try:
@@ -179,7 +185,11 @@ def _parse_object(data: dict[str, Any], request_id: JsonScalar, limits: Limits) 
             return ErrorReply(request_id, INVALID_REQUEST, "op must be a string")
         if op not in CONTROL_OPS:
             return ErrorReply(request_id, UNKNOWN_OP, f"unknown op {op!r} (ops: {', '.join(CONTROL_OPS)})")
-        return ControlRequest(request_id, op)
+        model = data.get("model") if op == "reload" else None
+        if model is not None and not (isinstance(model, str) and model.startswith("/") and "\0" not in model
+                                      and len(model) <= MAX_MODEL_PATH_CHARS and _encodable(model)):
+            return ErrorReply(request_id, INVALID_REQUEST, "model must be an absolute path to a package directory")
+        return ControlRequest(request_id, op, model)
     has_text, has_texts = "text" in data, "texts" in data
     if has_text and has_texts:
         return ErrorReply(request_id, INVALID_REQUEST, 'send either "text" or "texts", not both')
@@ -209,7 +219,7 @@ def _parse_object(data: dict[str, Any], request_id: JsonScalar, limits: Limits) 
     return ClassifyRequest(request_id, tuple(texts), single=False)
 
 
-def result_json(decision: "Decision", probs: tuple[float, ...], labels: tuple[str, ...],
+def result_json(decision: Decision, probs: tuple[float, ...], labels: tuple[str, ...],
                 truncated: bool) -> dict[str, Any]:
     """One text's result: the decision (label, null when abstained), the case label the model
     leans to and its calibrated score, every class probability, why it abstained, truncation."""

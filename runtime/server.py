@@ -2,18 +2,20 @@
 
 `decide serve --socket PATH` (Unix domain socket, mode 0600) or `--tcp HOST:PORT` (loopback
 unless --allow-remote). Each connection speaks the stdio framing: JSON lines in, one response
-line per request out, in that connection's request order. This module only moves bytes and
-schedules: lines go to the shared `Service` (runtime/service.py) for parsing, control ops and
-answers; addresses and accepting live in runtime/listen.py, line splitting in runtime/framing.py.
+line per request out, in that connection's request order. This module schedules: lines go to
+the shared `Service` (runtime/service.py) for parsing, control ops and answers; one client's
+connection is runtime/connection.py, the queue and fair admission runtime/admission.py, the
+stats runtime/serverstats.py, addresses and accepting runtime/listen.py, signals runtime/signals.py.
 
 Threads and data flow:
 - The asyncio event loop (main thread) accepts connections, splits lines and triages each one
   through the Service: errors and control ops are answered at once, classify requests go to one
-  bounded `RequestQueue`.
+  bounded `RequestQueue` through `Admission`.
 - Backpressure, not refusal: a connection stops being read while it owes PENDING_PER_CONNECTION
-  answers or while the queue is full (TCP then slows the client down). Only a request that finds
-  no room in the queue for --queue-timeout seconds (the model is overloaded or stuck) is
-  answered `busy`, and so is a connection beyond --max-connections.
+  answers or while the queue is full (TCP then slows the client down); freed places go to the
+  waiting connections fairly (fewest queued first). Only a request that finds no place for
+  --queue-timeout seconds (the model is overloaded or stuck) is answered `busy`, and so is a
+  connection beyond --max-connections; `stats` counts busy answers by cause.
 - Batch threads (one per engine worker, --workers, default: usable cores) take the queued
   requests of ALL connections as batches, each makes one `Service.classify` call (ORT releases
   the GIL and takes concurrent runs, so the loop keeps reading meanwhile) and hands the responses
@@ -26,35 +28,44 @@ Threads and data flow:
   held several requests (concurrent load) and fewer requests are queued than connections sent
   one in the last ACTIVE_SENDER_S and are not waiting for an answer, so a lone client (batch-1
   traffic) never waits, and neither does a busy wave of clients for connections left open idle.
-- Idle and slow clients: a connection that sends nothing for --idle-timeout seconds while owing
-  nothing, holds an incomplete line that long, or leaves its answers unread that long, is closed,
-  so stalled clients cannot hold the --max-connections slots.
+- Idle clients: a connection decide is reading that sends nothing for --idle-timeout seconds
+  while owed nothing, or holds an incomplete line that long, is closed, so stalled clients cannot
+  hold the --max-connections slots. Backpressure and unread answers never count (connection.py).
 - The socket is bound before the model loads: `{"op":"health"}` says "loading" until warm-up is
   done; classify requests sent meanwhile wait in the queue. systemd gets READY=1 after warm-up.
-- SIGTERM/SIGINT: stop accepting, stop reading, answer and write every request already read,
-  remove the socket file, return 0. A client that does not read its answers is dropped after
-  SHUTDOWN_WRITE_STALL_S, so shutdown never waits long on it.
+- Stop signals (SIGTERM, SIGINT, SIGQUIT): stop accepting, stop reading, answer and write every
+  request already read, remove the socket file, return 0. Shutdown waits as long as answers keep
+  being written, and gives up on unfinished connections only after DRAIN_STALL_S without any
+  (a stuck model); a client that does not read its answers during shutdown is reset after
+  SHUTDOWN_WRITE_STALL_S, so shutdown never waits long on it. SIGHUP and SIGUSR1 are acted on
+  by the loop (a background reload, a stats log line); the other signals of the table are ignored.
+- Live swaps (runtime/swap.py): SIGHUP, `{"op": "reload", "model": DIR}`, `{"op": "rollback"}` and
+  --watch DIR make a new package ready in a background thread while the old one answers; batch
+  threads pick up the new model with their next batch. The swap ops are taken only from a peer
+  that runs as the server's own user (SO_PEERCRED on the Unix socket); TCP peers cannot prove a
+  uid and are refused (`forbidden`). The answer to a reload comes when it is done (or failed):
+  answers to that connection's later lines wait behind it, other connections are not held up.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import logging
-import os
 import signal
 import socket
 import threading
 import time
-from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime import sdnotify
-from runtime.framing import LineSplitter, OutputFailed, write_all
+from runtime import sdnotify, signals
+from runtime.admission import Admission, Pending, RequestQueue
+from runtime.connection import Connection, close_writer
+from runtime.framing import OutputFailed, write_all
 from runtime.listen import (
     Acceptor,
     ListenAddress,
@@ -64,11 +75,22 @@ from runtime.listen import (
     check_tcp_host,
     parse_tcp_address,
 )
-from runtime.protocol import BUSY, DEFAULT_MAX_BATCH, INTERNAL_ERROR, ClassifyRequest, Limits, encode_line
-from runtime.service import Service, TransportHooks, percentile
+from runtime.protocol import (
+    BUSY,
+    DEFAULT_MAX_BATCH,
+    INTERNAL_ERROR,
+    ClassifyRequest,
+    ControlRequest,
+    Limits,
+    encode_line,
+)
+from runtime.serverstats import ServerStats
+from runtime.service import Service, TransportHooks
+from runtime.swap import Loaded, Swapper
+from runtime.swapops import SocketSwaps, peer_uid
 
-if TYPE_CHECKING:  # the engine imports numpy; the server must be importable before the CPU check
-    from runtime.engine import Engine
+if TYPE_CHECKING:
+    from runtime.watch import PackageWatcher
 
 log = logging.getLogger("decide")
 
@@ -76,152 +98,15 @@ DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_QUEUE_SIZE = 256  # classify requests waiting for the engine, all connections together
 DEFAULT_BATCH_DELAY_MS = 2.0
 DEFAULT_IDLE_TIMEOUT_S = 60.0
-DEFAULT_QUEUE_TIMEOUT_S = 10.0  # a request finding the queue full this long gets busy
-PENDING_PER_CONNECTION = 256  # answers a connection may owe before we stop reading it
+DEFAULT_QUEUE_TIMEOUT_S = 10.0  # a request finding no place in the queue this long gets busy
 # A connection that sent a classify request this recently is expected to send again soon (a
 # closed-loop client comes back within one batch round trip, ~10 ms at 16 clients); the batch
 # delay waits for those only. Counting every open connection instead made each batch wait the
 # whole delay for idle ones.
 ACTIVE_SENDER_S = 0.05
-READ_CHUNK = 1 << 16
-WRITE_BUFFER_HIGH = 1 << 20  # bytes buffered for a slow reader before the writer waits for it
-DRAIN_TIMEOUT_S = 30.0  # shutdown: the most we wait for the model to finish what was read
+DRAIN_STALL_S = 30.0  # shutdown: unfinished connections are closed after this long without an answer
 SHUTDOWN_WRITE_STALL_S = 2.0  # shutdown: a client that reads nothing this long is dropped
-CLOSE_FLUSH_S = 2.0  # closing: time for a client to take its last bytes before we reset
-LATENCY_WINDOW = 10_000  # the stats op's percentiles cover the last this-many requests
-
-
-# ---------------------------------------------------------------------------------------------
-# Stats: pure helpers plus the counters the event loop keeps.
-
-
-def parse_proc_status(text: str) -> dict[str, float]:
-    """VmRSS/VmHWM (kB in /proc/self/status) → {"rss_mb", "peak_rss_mb"}."""
-    fields = {"VmRSS": "rss_mb", "VmHWM": "peak_rss_mb"}
-    memory: dict[str, float] = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key in fields and value.split():
-            memory[fields[key]] = round(int(value.split()[0]) / 1024, 1)
-    return memory
-
-
-def memory_usage() -> dict[str, float]:
-    """This process's resident memory (Linux); empty elsewhere."""
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
-            return parse_proc_status(fh.read())
-    except OSError:
-        return {}
-
-
-@dataclass
-class ServerStats:
-    """The server's own counters, kept by the event loop thread only (requests and errors are
-    counted by the Service)."""
-
-    batch_sizes: Counter[int] = field(default_factory=Counter)  # requests per engine batch
-    latencies_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
-    connections_total: int = 0
-
-    def to_json(self, queue_depth: int, connections_open: int, engine: dict[str, Any]) -> dict[str, Any]:
-        """What the stats op adds for the socket server: batch-size histogram, latency
-        percentiles, queue, connections, CPU, RSS."""
-        ordered = sorted(self.latencies_ms)
-        return {
-            "batch_sizes": {str(size): count for size, count in sorted(self.batch_sizes.items())},
-            "latency_ms": {name: None if (v := percentile(ordered, q)) is None else round(v, 3)
-                           for name, q in (("p50", 0.50), ("p95", 0.95), ("p99", 0.99))},
-            "latency_window": len(ordered),
-            "queue_depth": queue_depth,
-            "connections": {"open": connections_open, "total": self.connections_total},
-            "cpu_s": round(sum(os.times()[:2]), 3),  # user + system, all threads of this process
-            **memory_usage(),
-            "engine": {k: engine[k] for k in ("texts", "engine_calls", "engine_ms")},
-        }
-
-
-# ---------------------------------------------------------------------------------------------
-# The queue between the event loop and the batch threads.
-
-
-@dataclass
-class Pending:
-    """A classify request waiting for the engine, and where its answer goes."""
-
-    request: ClassifyRequest
-    future: asyncio.Future
-    connection: "Connection"
-    enqueued: float  # time.perf_counter() when it was queued
-
-
-class RequestQueue:
-    """Bounded FIFO: the loop offers (never blocks), the batch threads take whole batches."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.items: deque[Pending] = deque()
-        self.condition = threading.Condition()
-        self.closed = False
-        self.in_flight = 0  # requests taken by batch threads and not yet answered
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def offer(self, item: Pending) -> bool:
-        """Queue the item; False if the queue is full (the caller answers busy)."""
-        with self.condition:
-            if len(self.items) >= self.capacity:
-                return False
-            self.items.append(item)
-            self.condition.notify()
-            return True
-
-    def close(self) -> None:
-        """Wake the batch threads; take_batch returns None once the queue is empty."""
-        with self.condition:
-            self.closed = True
-            self.condition.notify_all()
-
-    def take_batch(self, max_texts: int, delay_s: float, wait_for: Callable[[], int],
-                   takers: int = 1) -> list[Pending] | None:
-        """Block for at least one request, then gather for up to delay_s while fewer than
-        wait_for() requests are queued; return up to max_texts texts' worth (always ≥ 1 request),
-        and with several `takers` (batch threads) at most a fair share of the requests queued or
-        in flight. Taken requests count in flight until `answered`. None when closed and empty."""
-        with self.condition:
-            while True:
-                while not self.items and not self.closed:
-                    self.condition.wait()
-                if not self.items:
-                    return None
-                if delay_s > 0:
-                    deadline = time.monotonic() + delay_s
-                    while not self.closed and len(self.items) < min(max_texts, wait_for()):
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            break
-                        self.condition.wait(remaining)
-                if self.items:
-                    break
-                # another batch thread took everything while this one gathered: wait again
-            share = -(-(len(self.items) + self.in_flight) // takers)  # ceil
-            batch = [self.items.popleft()]
-            texts = len(batch[0].request.texts)
-            while self.items and len(batch) < share and texts + len(self.items[0].request.texts) <= max_texts:
-                texts += len(self.items[0].request.texts)
-                batch.append(self.items.popleft())
-            self.in_flight += len(batch)
-            return batch
-
-    def answered(self, batch: list[Pending]) -> None:
-        """A batch taken by take_batch has its responses."""
-        with self.condition:
-            self.in_flight -= len(batch)
-
-
-# ---------------------------------------------------------------------------------------------
-# The server.
+CLOSE_WAIT_S = 2.0  # shutdown: time for cancelled connections to finish closing
 
 
 @dataclass(frozen=True)
@@ -229,7 +114,7 @@ class ServerConfig:
     """Everything the server needs besides the service."""
 
     address: ListenAddress
-    limits: Limits = Limits()
+    limits: Limits = field(default_factory=Limits)
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     queue_size: int = DEFAULT_QUEUE_SIZE
     batch_delay_ms: float = DEFAULT_BATCH_DELAY_MS
@@ -239,131 +124,23 @@ class ServerConfig:
     queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S
 
 
-class Connection:
-    """One client: a reader task triages lines, the connection task writes answers in order."""
-
-    def __init__(self, server: "SocketServer", reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        self.server = server
-        self.reader = reader
-        self.writer = writer
-        self.closed = False  # set when the client is gone: the engine skips its queued requests
-        self.answers: asyncio.Queue[asyncio.Future | None] = asyncio.Queue()  # None = no more
-        self.owed = asyncio.Semaphore(PENDING_PER_CONNECTION)  # bounds answers not yet written
-        self.owed_count = 0
-        self.reader_task: asyncio.Task | None = None
-        self.stopping = False  # shutdown or timeout: read no more, answer what was read
-        self.waiting_for_data = False
-        now = time.monotonic()
-        self.last_activity = now  # last byte read or answer written
-        self.last_request = float("-inf")  # when it last queued a classify request
-        self.partial_since: float | None = None  # when the incomplete line held now began
-        self.write_stalled_since: float | None = None  # when the writer began waiting for the client
-
-    def stop_reading(self) -> None:
-        """Every line already read is still answered; nothing more is read."""
-        self.stopping = True
-        if self.waiting_for_data and self.reader_task is not None:
-            self.reader_task.cancel()  # idle in read(): nothing half-done to lose
-
-    def expired(self, now: float, idle_s: float, write_stall_s: float) -> str | None:
-        """Why this connection should be closed now (None: it may stay)."""
-        if self.write_stalled_since is not None and now - self.write_stalled_since > write_stall_s:
-            return f"its answers were not read for {write_stall_s:g} s"
-        if idle_s <= 0 or self.stopping:
-            return None
-        if self.partial_since is not None and now - self.partial_since > idle_s:
-            return f"an incomplete line for {idle_s:g} s"
-        if self.partial_since is None and not self.owed_count and now - self.last_activity > idle_s:
-            return f"idle for {idle_s:g} s"
-        return None
-
-    async def read_requests(self) -> None:
-        """Split and triage lines until EOF, shutdown or timeout, then mark the end of answers."""
-        splitter = LineSplitter(self.server.config.limits.max_line_bytes)
-        service = self.server.service
-        loop = asyncio.get_running_loop()
-        try:
-            while not self.stopping:
-                self.waiting_for_data = True
-                try:
-                    chunk = await self.reader.read(READ_CHUNK)
-                except ConnectionError:
-                    chunk = b""  # reset by the client: same as EOF for what it already sent
-                finally:
-                    self.waiting_for_data = False
-                now = time.monotonic()
-                self.last_activity = now
-                lines = splitter.feed(chunk) if chunk else splitter.finish()
-                if not splitter.holds_partial_line:
-                    self.partial_since = None
-                elif lines or self.partial_since is None:
-                    self.partial_since = now  # a new line began in this chunk
-                for line in lines:
-                    answer = service.triage(line)
-                    if answer is None:
-                        continue
-                    await self.owed.acquire()  # a client that does not read its answers stops being read
-                    self.owed_count += 1
-                    future = loop.create_future()
-                    self.answers.put_nowait(future)
-                    if isinstance(answer, ClassifyRequest):
-                        self.last_request = now
-                        await self.server.enqueue(answer, future, self)  # waits while the queue is full
-                    else:
-                        future.set_result(answer)
-                if not chunk:
-                    return
-        finally:
-            self.answers.put_nowait(None)
-
-    async def write_answers(self) -> None:
-        """Write each answer as soon as it and all earlier ones on this connection are ready."""
-        transport = self.writer.transport
-        service = self.server.service
-        while True:
-            future = await self.answers.get()
-            if future is None:
-                break
-            response = await future
-            self.owed.release()
-            self.owed_count -= 1
-            if transport.is_closing():
-                break  # the client left; keep nothing for it
-            self.writer.write(service.encode(response))
-            self.last_activity = time.monotonic()
-            if transport.get_write_buffer_size() > WRITE_BUFFER_HIGH:
-                await self._drain()  # a slow reader: stop here until it catches up
-        if not transport.is_closing():
-            await self._drain()
-
-    async def _drain(self) -> None:
-        self.write_stalled_since = time.monotonic()
-        try:
-            await self.writer.drain()
-        finally:
-            self.write_stalled_since = None
-
-
-async def close_writer(writer: asyncio.StreamWriter) -> None:
-    """Close, giving the client CLOSE_FLUSH_S to take what is buffered; then reset."""
-    writer.close()
-    try:
-        await asyncio.wait_for(writer.wait_closed(), CLOSE_FLUSH_S)
-    except (TimeoutError, ConnectionError):
-        writer.transport.abort()
-
-
 class SocketServer:
     """Accepts connections, batches classify requests across them, answers in per-connection order."""
 
-    def __init__(self, config: ServerConfig, service: Service, load_engine: Callable[[], "Engine"],
-                 ready_wire: int | None = None):
+    def __init__(self, config: ServerConfig, service: Service, load_engine: Callable[[], Loaded],
+                 ready_wire: int | None = None, rebuild: Callable[[Path], Loaded] | None = None,
+                 watcher: PackageWatcher | None = None):
         self.config = config
         self.service = service
-        service.hooks = TransportHooks(status=lambda: self.state, info=self._info, stats=self._stats)
+        service.hooks = TransportHooks(status=lambda: self.state, info=self._info, stats=self._stats, swap_ops=True)
         self.load_engine = load_engine
+        self.rebuild = rebuild  # a package directory → a checked, warm, self-tested model (None: no swaps)
+        self.watcher = watcher
+        self.swapper: Swapper | None = None
+        self.swaps = SocketSwaps(self)
         self.ready_wire = ready_wire  # fd for the ready event line (--ready), or None
         self.queue = RequestQueue(config.queue_size)
+        self.admission = Admission(self.queue, config.queue_timeout_s)
         self.stats = ServerStats()
         self.state = "loading"  # → ready → draining
         self.load_error: BaseException | None = None
@@ -371,7 +148,6 @@ class SocketServer:
         self.connection_tasks: set[asyncio.Task] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stop_requested: asyncio.Event | None = None
-        self.queue_space: asyncio.Event | None = None  # set by a batch thread after each take
 
     # -- engine and batch threads -------------------------------------------------------------
 
@@ -379,7 +155,7 @@ class SocketServer:
         """Load and warm the model, then answer batches until the queue is closed."""
         assert self.loop is not None
         try:
-            self.service.attach(self.load_engine())
+            self.swapper = Swapper(self.service, self.rebuild, self.load_engine())
         except BaseException as exc:  # noqa: BLE001 — re-raised in the main thread by run()
             self.load_error = exc
             self.loop.call_soon_threadsafe(self._stop)
@@ -410,7 +186,7 @@ class SocketServer:
                                           lambda: self._active_senders() - self.queue.in_flight, workers)
             if batch is None:
                 return
-            self.loop.call_soon_threadsafe(self._queue_has_space)
+            self.loop.call_soon_threadsafe(self.admission.taken, batch)
             previous_batch = len(batch)
             live = [item for item in batch if not item.connection.closed]
             responses = self.service.classify([item.request for item in live])  # never raises
@@ -427,15 +203,11 @@ class SocketServer:
         """After a failed load: answer everything queued (until shutdown closes the queue) with an error."""
         assert self.loop is not None
         while (batch := self.queue.take_batch(self.config.max_batch_texts, 0.0, lambda: 1)) is not None:
-            self.loop.call_soon_threadsafe(self._queue_has_space)
+            self.loop.call_soon_threadsafe(self.admission.taken, batch)
             responses = [self.service.error(item.request.id, INTERNAL_ERROR, message) for item in batch]
             self.loop.call_soon_threadsafe(self._deliver, batch, batch, responses, time.perf_counter())
 
     # -- event loop thread --------------------------------------------------------------------
-
-    def _queue_has_space(self) -> None:
-        assert self.queue_space is not None
-        self.queue_space.set()
 
     def _on_ready(self) -> None:
         service = self.service
@@ -463,35 +235,31 @@ class SocketServer:
             if not item.future.done():
                 item.future.cancel()  # its client is gone
 
+    def admission_must_wait(self) -> bool:
+        """True when a classify request offered now would wait for a place (backpressure)."""
+        return bool(self.admission.waiting) or len(self.queue) >= self.queue.capacity
+
     async def enqueue(self, request: ClassifyRequest, future: asyncio.Future, connection: Connection) -> None:
-        """Queue a classify request, waiting while the queue is full (backpressure: the caller
-        reads nothing meanwhile); busy only after --queue-timeout seconds without room."""
-        assert self.queue_space is not None
-        item = Pending(request, future, connection, time.perf_counter())
-        deadline = time.monotonic() + self.config.queue_timeout_s
-        while True:
-            self.queue_space.clear()
-            if self.queue.offer(item):
-                return
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or self.queue.closed:
-                future.set_result(self.service.error(
-                    request.id, BUSY, f"overloaded: the request queue ({self.config.queue_size}) stayed full "
-                                      f"for {self.config.queue_timeout_s:g} s; retry later"))
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.queue_space.wait(), remaining)
+        """Queue a classify request, waiting for a fair turn while the queue is full (the caller
+        reads nothing meanwhile); busy only after --queue-timeout seconds without a place."""
+        if await self.admission.enter(Pending(request, future, connection, time.perf_counter())):
+            return
+        self.stats.busy["queue_timeout"] += 1
+        future.set_result(self.service.error(
+            request.id, BUSY, f"overloaded: no place in the request queue ({self.config.queue_size}) for "
+                              f"{self.config.queue_timeout_s:g} s; retry later"))
 
     def _info(self) -> dict[str, Any]:
-        """The transport settings, for the info op."""
+        """The transport settings and the swap state, for the info op."""
         config = self.config
-        return {"server": {"listen": config.address.describe(), "max_connections": config.max_connections,
+        return {"swap": self.swapper.to_json() if self.swapper is not None else None, "server": {"listen": config.address.describe(), "max_connections": config.max_connections,
                            "queue_size": config.queue_size, "batch_delay_ms": config.batch_delay_ms,
                            "max_batch_texts": config.max_batch_texts, "idle_timeout_s": config.idle_timeout_s,
                            "queue_timeout_s": config.queue_timeout_s}}
 
     def _stats(self) -> dict[str, Any]:
-        return self.stats.to_json(len(self.queue), len(self.connections), self.service.stats.to_json())
+        swap = {"swap": self.swapper.stats_json()} if self.swapper is not None else {}
+        return {**self.stats.to_json(len(self.queue), len(self.connections), self.service.stats.to_json()), **swap}
 
     def _accepted(self, sock: socket.socket) -> None:
         """A new connection from the Acceptor: serve it in its own task."""
@@ -499,6 +267,14 @@ class SocketServer:
         task = self.loop.create_task(self._serve_connection(sock))
         self.connection_tasks.add(task)
         task.add_done_callback(self.connection_tasks.discard)
+
+    async def _refuse_connection(self, writer: asyncio.StreamWriter) -> None:
+        """One busy line for a connection beyond --max-connections (or during shutdown), then close."""
+        cause, reason = (("shutting_down", "server is shutting down") if self.state == "draining" else
+                         ("max_connections", f"too many connections ({self.config.max_connections})"))
+        self.stats.busy[cause] += 1
+        writer.write(self.service.wire_line(self.service.error(None, BUSY, reason)))
+        await close_writer(writer)
 
     async def _serve_connection(self, sock: socket.socket) -> None:
         """One connection from accept to close."""
@@ -509,12 +285,10 @@ class SocketServer:
             sock.close()
             return
         if len(self.connections) >= self.config.max_connections or self.state == "draining":
-            reason = "server is shutting down" if self.state == "draining" else (
-                f"too many connections ({self.config.max_connections})")
-            writer.write(self.service.encode(self.service.error(None, BUSY, reason)))
-            await close_writer(writer)
+            await self._refuse_connection(writer)
             return
         connection = Connection(self, reader, writer)
+        connection.peer_uid = peer_uid(sock)
         self.connections.add(connection)
         connection.reader_task = asyncio.create_task(connection.read_requests())
         try:
@@ -525,32 +299,35 @@ class SocketServer:
             connection.closed = True
             connection.reader_task.cancel()
             await asyncio.gather(connection.reader_task, return_exceptions=True)
-            await close_writer(writer)
-            self.connections.discard(connection)
+            self.connections.discard(connection)  # its slot is free while the close lingers
+            await close_writer(writer, unread_input=not connection.client_eof)
 
     async def _watch_connections(self) -> None:
-        """Close idle, half-line and non-reading connections (see the module docstring)."""
+        """Close idle and half-line connections; during shutdown, reset clients that read nothing."""
         idle_s = self.config.idle_timeout_s
         period = min(1.0, idle_s / 4) if idle_s > 0 else 1.0
         while True:
             await asyncio.sleep(min(period, SHUTDOWN_WRITE_STALL_S / 4) if self.state == "draining" else period)
-            stall_s = SHUTDOWN_WRITE_STALL_S if self.state == "draining" else (idle_s or float("inf"))
             now = time.monotonic()
             for connection in list(self.connections):
-                reason = connection.expired(now, idle_s, stall_s)
-                if reason is None:
-                    continue
-                log.info("closing a connection: %s", reason)
-                if connection.write_stalled_since is not None:
+                stalled = connection.write_stalled_since
+                if self.state == "draining" and stalled is not None and now - stalled > SHUTDOWN_WRITE_STALL_S:
+                    log.info("shutting down: resetting a connection that read no answer for %g s",
+                             SHUTDOWN_WRITE_STALL_S)
                     connection.writer.transport.abort()  # it reads nothing: its answers cannot arrive
-                else:
+                elif (reason := connection.expired(now, idle_s)) is not None:
+                    log.info("closing a connection: %s", reason)
                     connection.stop_reading()  # answers already owed are still written
 
-    def _stop(self, signum: int | None = None) -> None:
-        if signum is not None:
-            log.info("%s received: finishing requests in flight", signal.Signals(signum).name)
+    def _stop(self, name: str | None = None) -> None:
+        if name is not None and self.state != "draining":
+            log.info("%s received: finishing requests in flight", name)
         assert self.stop_requested is not None
         self.stop_requested.set()
+
+    def _signal(self, signum: int, actions: signals.Actions) -> None:
+        """A signal of the table, on the loop thread."""
+        actions.run(signum)
 
     @staticmethod
     def _log_loop_error(_loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -558,17 +335,52 @@ class SocketServer:
         exc = context.get("exception")
         log.warning("event loop: %s", f"{type(exc).__name__}: {exc}" if exc else context.get("message"))
 
+    def _install_signals(self) -> None:
+        """Every signal of runtime/signals.py's table: stop, reload and report on the loop, the rest ignored."""
+        assert self.loop is not None
+        actions = signals.Actions(stop=self._stop, stats=lambda: self.service.control(ControlRequest(None, "stats")),
+                                  reload=lambda _stats: self.swaps.on_sighup())
+        signals.ignore_the_ignored()
+        loop = self.loop
+
+        def caught(signum: int, _frame: object) -> None:
+            # A plain handler, not loop.add_signal_handler: asyncio learns of those signals from a
+            # byte in its self-pipe, which the batch threads' call_soon_threadsafe can fill; the
+            # byte is then dropped and the signal with it (a SIGTERM that never stopped the server).
+            # Python runs this in the main thread; the callback it queues wakes the loop.
+            try:
+                loop.call_soon_threadsafe(self._signal, signum, actions)
+            except RuntimeError:  # the loop has closed: serving is over
+                pass
+
+        for signum, _action in signals.handled():
+            signal.signal(signum, caught)
+
+    async def _drain(self) -> None:
+        """Shutdown: wait for the connections while answers keep being written; close the rest
+        after DRAIN_STALL_S without progress (a stuck model)."""
+        written = -1
+        while self.connection_tasks and written != self.stats.answers_written:
+            written = self.stats.answers_written
+            await asyncio.wait(set(self.connection_tasks), timeout=DRAIN_STALL_S)
+        if self.connection_tasks:
+            unfinished = set(self.connection_tasks)
+            log.warning("%d connections got no answer for %.0f s during shutdown; closing them",
+                        len(unfinished), DRAIN_STALL_S)
+            for task in unfinished:
+                task.cancel()
+            await asyncio.wait(unfinished, timeout=CLOSE_WAIT_S)
+
     async def serve(self, listener: socket.socket) -> None:
-        """Serve on a bound listening socket until a signal (or a failed model load), then drain."""
+        """Serve on a bound listening socket until a stop signal (or a failed model load), then drain."""
         self.loop = asyncio.get_running_loop()
         self.loop.set_exception_handler(self._log_loop_error)
         self.stop_requested = asyncio.Event()
-        self.queue_space = asyncio.Event()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            self.loop.add_signal_handler(signum, self._stop, signum)
+        self._install_signals()
         acceptor = Acceptor(listener, self._accepted)
         acceptor.start(self.loop)
         watcher = asyncio.create_task(self._watch_connections())
+        packages = asyncio.create_task(self.swaps.watch(self.watcher)) if self.watcher is not None else None
         log.info("listening on %s (loading the model)", self.config.address.describe())
         engine = threading.Thread(target=self._engine_main, name="engine", daemon=True)
         engine.start()
@@ -579,31 +391,28 @@ class SocketServer:
         acceptor.close()  # no new connections
         for connection in list(self.connections):
             connection.stop_reading()
-        if self.connection_tasks:
-            _, unfinished = await asyncio.wait(set(self.connection_tasks), timeout=DRAIN_TIMEOUT_S)
-            if unfinished:
-                log.warning("%d connections not drained after %.0f s; closing them", len(unfinished),
-                            DRAIN_TIMEOUT_S)
-                for task in unfinished:
-                    task.cancel()
-                await asyncio.wait(unfinished, timeout=CLOSE_FLUSH_S)
+        await self._drain()
         self.queue.close()
         await asyncio.to_thread(engine.join)
         watcher.cancel()
+        if packages is not None:
+            packages.cancel()
 
 
-def run(config: ServerConfig, service: Service, load_engine: Callable[[], "Engine"],
-        ready_wire: int | None = None) -> int:
-    """Bind, serve until SIGTERM/SIGINT, clean up; returns 0. A failed model load is re-raised
+def run(config: ServerConfig, service: Service, load_engine: Callable[[], Loaded],
+        ready_wire: int | None = None, rebuild: Callable[[Path], Loaded] | None = None,
+        watcher: PackageWatcher | None = None) -> int:
+    """Bind, serve until a stop signal, clean up; returns 0. A failed model load is re-raised
     (after the socket file is removed) so the caller maps it to its exit code."""
     listener, cleanup = bind(config.address, config.allow_remote)
     if config.address.port == 0:  # an ephemeral port: say which one we got
         host, port = listener.getsockname()[:2]
         config = dataclasses.replace(config, address=ListenAddress(host=host, port=port))
-    server = SocketServer(config, service, load_engine, ready_wire)
+    server = SocketServer(config, service, load_engine, ready_wire, rebuild, watcher)
     try:
         asyncio.run(server.serve(listener))
     finally:
+        signals.after_serving()  # nothing in the table may end the exit path now
         listener.close()
         cleanup()
     if server.load_error is not None:
@@ -630,12 +439,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"classify requests waiting for the model (default {DEFAULT_QUEUE_SIZE}); while it "
                             "is full, connections are not read (backpressure)")
     group.add_argument("--queue-timeout", type=float, default=DEFAULT_QUEUE_TIMEOUT_S, metavar="SECONDS",
-                       help=f"a request that finds the queue full this long is answered busy "
+                       help=f"a request that finds no place in the queue this long is answered busy "
                             f"(default {DEFAULT_QUEUE_TIMEOUT_S:g})")
     group.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT_S, metavar="SECONDS",
-                       help=f"close a connection silent this long (owing nothing), holding an incomplete "
-                            f"line or leaving its answers unread this long (default {DEFAULT_IDLE_TIMEOUT_S:g}; "
-                            "0 = never)")
+                       help=f"close a connection that sends nothing this long while owed no answer, or holds "
+                            f"an incomplete line this long (default {DEFAULT_IDLE_TIMEOUT_S:g}; 0 = never); "
+                            "time decide itself holds a connection back never counts")
     group.add_argument("--batch-delay-ms", type=float, default=DEFAULT_BATCH_DELAY_MS,
                        help=f"under concurrent load, wait up to this long to fill a batch "
                             f"(default {DEFAULT_BATCH_DELAY_MS}; 0 = never wait)")

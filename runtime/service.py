@@ -9,7 +9,7 @@ Transports (runtime/stdio.py, runtime/server.py) only move bytes: they split lin
 - `classify(requests)` answers classify requests with one engine call (per-request errors if the
   model fails).
 - `answer_lines(lines)` does both for a batch of lines, in order (the stdio path).
-- `encode(response)` makes the wire line; an answer that cannot be encoded becomes internal_error.
+- `wire_line(response)` makes the wire line; an answer that cannot be encoded becomes internal_error.
 
 The socket server adds its own state, info and stats through `TransportHooks`; the ops and the
 error codes themselves live only here and in runtime/protocol.py.
@@ -23,12 +23,15 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 from runtime import __version__
-from runtime.abstain import REASONS, AbstentionPolicy, decide
+from runtime.abstain import REASONS, AbstentionPolicy
+from runtime.classifier import answer
 from runtime.protocol import (
+    FORBIDDEN,
     INTERNAL_ERROR,
+    SWAP_OPS,
     ClassifyRequest,
     ControlRequest,
     ErrorReply,
@@ -36,14 +39,13 @@ from runtime.protocol import (
     LineTooLong,
     encode_line,
     parse_line,
-    result_json,
 )
 
 if TYPE_CHECKING:  # the engine imports numpy; the socket server builds a Service before it loads
     from runtime.engine import Classification, Engine
 
 Response = dict[str, Any]
-Triaged = Union[Response, ClassifyRequest, None]  # answered now / for the engine / blank line
+Triaged = Response | ClassifyRequest | None  # answered now / for the engine / blank line
 MAX_MESSAGE_CHARS = 300  # an exception's text in an internal_error message is cut to this
 
 
@@ -51,7 +53,7 @@ def percentile(sorted_values: Sequence[float], fraction: float) -> float | None:
     """Nearest-rank percentile of already sorted values (None when empty)."""
     if not sorted_values:
         return None
-    rank = max(1, -(-int(round(fraction * 1000)) * len(sorted_values) // 1000))  # ceil(fraction·n)
+    rank = max(1, -(-round(fraction * 1000) * len(sorted_values) // 1000))  # ceil(fraction·n)
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
@@ -104,6 +106,7 @@ class TransportHooks:
     status: Callable[[], str] = lambda: "ok"
     info: Callable[[], dict[str, Any]] = dict
     stats: Callable[[], dict[str, Any]] = dict
+    swap_ops: bool = False  # True: triage hands reload/rollback back (the socket server answers them)
 
 
 def _describe(exc: BaseException) -> str:
@@ -112,44 +115,71 @@ def _describe(exc: BaseException) -> str:
     return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + "…"
 
 
+@dataclass(frozen=True)
+class Served:
+    """One model as the Service answers with it. A batch takes one `Served` at its start and uses
+    only that, so a live swap (`attach` while batches run) never mixes two models in one answer."""
+
+    engine: Engine
+    variant: str
+    policy: AbstentionPolicy
+    info: dict[str, Any]
+    model: str  # "name@version": every answer's "model" field
+
+
 class Service:
     """The request → response core shared by every transport.
 
-    `triage` and `encode` run on the transport's thread, `classify` on the transport's batch
+    `triage` and `wire_line` run on the transport's thread, `classify` on the transport's batch
     threads, several at once (the engine only reads its state after load; ORT sessions and the
     tokenizer take concurrent calls); stats are shared under a lock. A service may start without an
-    engine (the socket server answers health "loading") and get it with `attach`.
+    engine (the socket server answers health "loading") and get it with `attach`, which also swaps
+    one model for another while serving (runtime/swap.py).
     """
 
-    def __init__(self, engine: "Engine | None" = None, limits: Limits = Limits(),
+    def __init__(self, engine: Engine | None = None, limits: Limits | None = None,
                  info: dict[str, Any] | None = None, hooks: TransportHooks = TransportHooks(),
                  max_text_chars: int | None = None, min_score: float | None = None):
-        self.limits = limits
+        self.limits = limits or Limits()
         self.min_score = min_score  # below it an answer abstains (label null); None = never
         self.hooks = hooks
         self.stats = Stats()
         self.extra_info = dict(info or {})
         self.max_text_chars = max_text_chars
-        self.engine: "Engine | None" = None
-        self.variant: str | None = None
-        self.policy: AbstentionPolicy | None = None
-        self.info: dict[str, Any] = {"version": __version__}
+        self.served: Served | None = None
         if engine is not None:
             self.attach(engine)
 
-    def attach(self, engine: "Engine") -> None:
-        """Serve with `engine` from now on (the model is loaded and warm)."""
+    @property
+    def engine(self) -> Engine | None:
+        return self.served.engine if self.served is not None else None
+
+    @property
+    def variant(self) -> str | None:
+        return self.served.variant if self.served is not None else None
+
+    @property
+    def policy(self) -> AbstentionPolicy | None:
+        return self.served.policy if self.served is not None else None
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self.served.info if self.served is not None else {"version": __version__}
+
+    def attach(self, engine: Engine, model_details: dict[str, Any] | None = None) -> None:
+        """Serve with `engine` from now on (the model is loaded and warm); `model_details` (e.g.
+        the package's path and signer) join info's "model" object."""
         manifest = engine.package.manifest
-        self.max_text_chars = engine.encoder.max_chars
-        self.variant = engine.variant.name
-        self.policy = manifest.abstention_policy(self.variant, self.min_score)
-        self.info = {
+        variant = engine.variant.name
+        policy = manifest.abstention_policy(variant, self.min_score)
+        max_text_chars = engine.encoder.max_chars
+        info = {
             "version": __version__,
             "model": {"name": manifest.name, "version": manifest.version, "labels": list(manifest.labels),
-                      "max_length": manifest.max_length, "max_text_chars": self.max_text_chars},
-            "variant": self.variant,
+                      "max_length": manifest.max_length, "max_text_chars": max_text_chars, **(model_details or {})},
+            "variant": variant,
             "min_score": self.min_score,
-            "abstention": self.policy.to_json(),
+            "abstention": policy.to_json(),
             "temperature": engine.temperature,
             "limits": self.limits.to_json(),
             "buckets": list(engine.buckets),
@@ -157,7 +187,8 @@ class Service:
             "workers": engine.settings.workers,
             **self.extra_info,
         }
-        self.engine = engine
+        self.max_text_chars = max_text_chars
+        self.served = Served(engine, variant, policy, info, f"{manifest.name}@{manifest.version}")
 
     # -- one line -------------------------------------------------------------------------------
 
@@ -173,6 +204,8 @@ class Service:
             if isinstance(request, ErrorReply):
                 return self.error(request.id, request.code, request.message)
             if isinstance(request, ControlRequest):
+                if request.op in SWAP_OPS and self.hooks.swap_ops:
+                    return request
                 return self.control(request) if answer_control else request
             return self._clip(request)
         except Exception as exc:  # noqa: BLE001 — one bad line must never end the process
@@ -193,8 +226,12 @@ class Service:
         return ErrorReply(request_id, code, message).to_json()
 
     def control(self, request: ControlRequest) -> Response:
-        """health / info / stats, with what the transport adds."""
+        """health / info / stats, with what the transport adds; reload/rollback are refused here
+        (only the socket server, which checks who asks, answers them)."""
         try:
+            if request.op in SWAP_OPS:
+                return self.error(request.id, FORBIDDEN, f"{request.op} is an op of the socket service (Unix socket, "
+                                                         "same user); here send SIGHUP or use --watch DIR")
             if request.op == "health":
                 return {"id": request.id, "op": "health", "status": self.hooks.status()}
             if request.op == "info":
@@ -211,8 +248,9 @@ class Service:
         if not requests:
             return []
         start = time.perf_counter()
+        served = self.served  # this batch's model, whatever a swap does meanwhile
         try:
-            outcomes = self._run(requests)
+            outcomes = self._run(served, requests)
         except Exception as exc:  # noqa: BLE001 — e.g. no engine: answer, do not die
             outcomes = [_describe(exc)] * len(requests)
         elapsed_ms = round((time.perf_counter() - start) * 1000, 3)
@@ -226,25 +264,26 @@ class Service:
             clipped = request.clipped or (False,) * len(outcome)
             items = []
             for result, cut in zip(outcome, clipped):
-                decision = decide(result.probs, self.policy, result.unknown_share, result.novelty)
-                abstained[decision.reason] += decision.abstained
-                items.append(result_json(decision, result.probs, self.engine.labels, result.truncated or cut))
+                item = answer(result, served.policy, served.engine.labels, cut)  # the library's one path
+                abstained[item.reason] += item.abstained
+                items.append(item.to_json())
             body = items[0] if request.single else {"results": items}
-            responses.append({"id": request.id, **body, "variant": self.variant, "ms": elapsed_ms})
+            responses.append({"id": request.id, **body, "variant": served.variant, "model": served.model,
+                              "ms": elapsed_ms})
         self.stats.add(abstained=+abstained)
         return responses
 
-    def _run(self, requests: Sequence[ClassifyRequest]) -> list["list[Classification] | str"]:
+    def _run(self, served: Served | None, requests: Sequence[ClassifyRequest]) -> list[list[Classification] | str]:
         """Results per request from one engine call; if it fails, retry one request at a time so
         only the request that breaks the model gets an error (its message as str)."""
-        if self.engine is None:
+        if served is None:
             raise RuntimeError("the model is not loaded")
         texts = [text for r in requests for text in r.texts]
         self.stats.add(texts=len(texts), engine_calls=1)
         try:
-            flat = self.engine.classify(texts)
+            flat = served.engine.classify(texts)
         except Exception:  # noqa: BLE001 — isolate the failing request below
-            return [self._run_one(r) for r in requests]
+            return [self._run_one(served.engine, r) for r in requests]
         outcomes: list[list[Classification] | str] = []
         cursor = 0
         for request in requests:
@@ -252,18 +291,17 @@ class Service:
             cursor += len(request.texts)
         return outcomes
 
-    def _run_one(self, request: ClassifyRequest) -> "list[Classification] | str":
+    def _run_one(self, engine: Engine, request: ClassifyRequest) -> list[Classification] | str:
         """One request alone; the error message if the model fails on it."""
-        assert self.engine is not None
         self.stats.add(engine_calls=1)
         try:
-            return self.engine.classify(request.texts)
+            return engine.classify(request.texts)
         except Exception as exc:  # noqa: BLE001 — a model failure must not stop the server
             return _describe(exc)
 
     # -- lines in, lines out --------------------------------------------------------------------
 
-    def encode(self, response: Response) -> bytes:
+    def wire_line(self, response: Response) -> bytes:
         """The wire line of one response; internal_error (same id) if it cannot be encoded."""
         try:
             return encode_line(response)
@@ -281,7 +319,7 @@ class Service:
         answers = iter(self.classify([item for item in triaged if isinstance(item, ClassifyRequest)]))
         responses = [next(answers) if isinstance(item, ClassifyRequest)
                      else self.control(item) if isinstance(item, ControlRequest) else item for item in triaged]
-        return [self.encode(response) for response in responses]
+        return [self.wire_line(response) for response in responses]
 
     def ready_event(self) -> dict[str, Any]:
         """The optional first line for embedding apps: version, model, variant, limits."""

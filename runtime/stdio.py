@@ -15,8 +15,14 @@
   whole lines only, also when stdout was inherited non-blocking (runtime/framing.write_all).
 - Memory: read-ahead and each engine call take at most MAX_BATCH_LINES lines and MAX_BATCH_BYTES
   bytes; over-long lines are skipped as they stream by; texts are cut to the model's budget.
-- EOF: answer everything read, return 0. SIGTERM/SIGINT: read no more, answer every complete
-  line already read (the sender handed those over), return 0.
+- EOF: answer everything read, return 0. SIGTERM/SIGINT/SIGQUIT: read no more, answer every
+  complete line already read (the sender handed those over), return 0. SIGHUP (a background
+  reload of the package directory, runtime/swap.py) and SIGUSR1 (a stats log line) are acted on
+  between batches; the other signals of runtime/signals.py's table are ignored, so none loses a line.
+- Live swaps: SIGHUP and --watch DIR (looked at between batches and while idle) make a new package
+  ready in a background thread; the next batch is answered by it. The reload/rollback ops are
+  the socket service's: here they are answered `forbidden` (whoever writes to stdin owns the
+  process and can send SIGHUP).
   Reader gone (EPIPE): return 0 quietly. Other output failures (ENOSPC, EBADF) raise
   OutputFailed, which the command line turns into one log line and exit code 6.
 """
@@ -27,16 +33,19 @@ import fcntl
 import logging
 import os
 import select
-import signal
 import sys
+import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+from runtime import signals
 from runtime.framing import LineSplitter, OutputFailed, write_all
-from runtime.protocol import LineTooLong, encode_line
+from runtime.protocol import ControlRequest, LineTooLong, encode_line
 
 if TYPE_CHECKING:  # the service imports numpy; stdio must be importable before the CPU check
     from runtime.service import Service
+    from runtime.swap import Swapper
+    from runtime.watch import PackageWatcher
 
 log = logging.getLogger("decide")
 
@@ -45,7 +54,7 @@ MAX_BATCH_LINES = 256  # lines answered per engine call at most
 # Bytes of complete lines read ahead / answered per call at most (at least one line is always
 # taken): with texts cut to the model's budget, this is what bounds memory for any input.
 MAX_BATCH_BYTES = 4 << 20
-STOP_POLL_S = 0.2  # how often an idle server checks for SIGTERM/SIGINT
+STOP_POLL_S = 0.2  # how often an idle server checks for signals (stop, reload, report)
 
 
 def ensure_std_fds() -> set[int]:
@@ -92,7 +101,7 @@ class _Input:
             self.eof = True
             return False
 
-    def read_into(self, lines: "_Lines") -> None:
+    def read_into(self, lines: _Lines) -> None:
         """One read; lines completed by it are appended."""
         try:
             chunk = os.read(self.fd, READ_CHUNK)
@@ -106,20 +115,45 @@ class _Input:
             lines.extend(self.splitter.finish())
 
 
+def _swap_actions(swapper: Swapper | None, watcher: PackageWatcher | None):
+    """(the SIGHUP action, the between-batches check of --watch) for a swapper (or none)."""
+    def on_sighup(_stats: object) -> None:
+        if swapper is None:
+            log.info("SIGHUP received: this service cannot reload; ignored")
+        elif (refused := swapper.reload(None, "SIGHUP")) is not None:
+            log.info("SIGHUP received: %s; ignored", refused)
+
+    next_look = time.monotonic() + (watcher.interval_s if watcher else 0)
+
+    def look() -> None:
+        nonlocal next_look
+        if watcher is None or swapper is None or swapper.busy or time.monotonic() < next_look:
+            return
+        next_look = time.monotonic() + watcher.interval_s
+        candidate = watcher.poll()
+        if candidate is not None and swapper.reload(candidate, "watch") is not None:
+            watcher.forget(candidate)
+
+    return on_sighup, look
+
+
 def serve(service: Service, wire: int, ready: bool = False, input_fd: int = 0,
-          max_batch_lines: int = MAX_BATCH_LINES, max_batch_bytes: int = MAX_BATCH_BYTES) -> int:
-    """Serve until EOF or SIGTERM/SIGINT; returns the exit code (0). Raises framing.OutputFailed
+          max_batch_lines: int = MAX_BATCH_LINES, max_batch_bytes: int = MAX_BATCH_BYTES,
+          swapper: Swapper | None = None, watcher: PackageWatcher | None = None) -> int:
+    """Serve until EOF or a stop signal; returns the exit code (0). Raises framing.OutputFailed
     when stdout cannot take our lines (full disk, closed fd); EPIPE ends serving quietly."""
     stop = False
+    on_sighup, look_for_packages = _swap_actions(swapper, watcher)
 
-    def request_stop(signum: int, _frame: object) -> None:
+    def request_stop(name: str) -> None:
         nonlocal stop
-        log.info("%s received: answering the lines already read, then exiting", signal.Signals(signum).name)
+        if not stop:
+            log.info("%s received: answering the lines already read, then exiting", name)
         stop = True
 
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-
+    inbox = signals.Inbox(signals.Actions(stop=request_stop, stats=lambda: service.control(ControlRequest(None, "stats")),
+                                          reload=on_sighup))
+    inbox.install()
     source = _Input(input_fd, service.limits.max_line_bytes)
     lines = _Lines()
 
@@ -127,14 +161,18 @@ def serve(service: Service, wire: int, ready: bool = False, input_fd: int = 0,
         responses = service.answer_lines(lines.take(max_batch_lines, max_batch_bytes))
         if responses:
             write_all(wire, b"".join(responses))
+        inbox.dispatch()  # reload/report between batches, never inside one
+        look_for_packages()
 
     try:
         if ready:
             write_all(wire, encode_line(service.ready_event()))
         while not stop:
+            inbox.dispatch()
+            look_for_packages()
             if not lines and not source.eof:
                 if not source.readable(STOP_POLL_S):
-                    continue  # idle (or input gone): check for a stop request or EOF
+                    continue  # idle (or input gone): check for a signal or EOF
                 source.read_into(lines)
             # Read ahead: whatever else already arrived joins this batch. The stop check matters
             # when the input streams bytes without a newline (no line ever completes).
@@ -151,6 +189,8 @@ def serve(service: Service, wire: int, ready: bool = False, input_fd: int = 0,
     except BrokenPipeError:
         # The reader closed stdout: nobody is listening, so stop quietly (no traceback).
         log.info("stdout closed by the reader; exiting")
+    finally:
+        signals.after_serving()
     return 0
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -94,8 +93,10 @@ def unknown_share(text: str, ids: Sequence[int], offsets: Sequence[tuple[int, in
 class TextEncoder:
     """A `tokenizers` tokenizer with truncation to the model's max length; padding done here."""
 
-    def __init__(self, tokenizer_path: Path, max_length: int, pad_id: int):
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    def __init__(self, tokenizer_json: str, max_length: int, pad_id: int):
+        """`tokenizer_json`: the text of a tokenizer.json (read and verified by the caller, so
+        the tokenizer is built from exactly the bytes that were checked)."""
+        self.tokenizer = Tokenizer.from_str(tokenizer_json)
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(max_length=max_length)
         self.max_length = max_length
@@ -103,7 +104,7 @@ class TextEncoder:
         self.pad_id = pad_id
         self.unk_id = unknown_token_id(self.tokenizer)
 
-    def encode(self, texts: Sequence[str]) -> list[Encoded]:
+    def tokenize(self, texts: Sequence[str]) -> list[Encoded]:
         """Tokenize a batch (Rust-side parallel batch encode; one text skips the thread pool).
         Texts over the character budget are cut first and count as truncated."""
         clipped = [clip_text(text, self.max_chars) for text in texts]

@@ -8,12 +8,14 @@ Stdlib only: runs before numpy/onnxruntime are imported.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from runtime.cpu import CpuFeatures
+from runtime.safefile import FileRefused, open_dir, read_inside
 
 
 class CpuUnsupported(Exception):
@@ -26,6 +28,13 @@ class OverrideError(Exception):
 
 class NoUsableVariant(Exception):
     """The model package has none of the variants the chosen tier can use."""
+
+
+class PlatformDataError(Exception):
+    """platforms/<arch>.json is damaged: not a regular file, too big, not JSON, or a field is wrong."""
+
+
+MAX_PLATFORM_BYTES = 1 << 20  # the x86_64 table is ~5 KB
 
 
 # py-cpuinfo names that users would not recognise in an error message
@@ -113,16 +122,26 @@ def parse_platform(data: dict[str, Any]) -> PlatformTiers:
 
 
 def load_platform(platforms_dir: Path, arch: str) -> PlatformTiers:
-    """Read platforms_dir/<arch>.json; an unknown architecture is CpuUnsupported."""
-    path = platforms_dir / f"{arch}.json"
+    """Read platforms_dir/<arch>.json (a regular file, capped: runtime/safefile.py); an unknown
+    architecture is CpuUnsupported, a damaged table PlatformDataError."""
+    name = f"{arch}.json"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        dir_fd = open_dir(platforms_dir)
+        try:
+            raw = read_inside(dir_fd, name, MAX_PLATFORM_BYTES, "platform table")
+        finally:
+            os.close(dir_fd)
     except FileNotFoundError as exc:
         known = sorted(p.stem for p in platforms_dir.glob("*.json"))
         raise CpuUnsupported(
             f"architecture {arch!r} is not supported (supported: {', '.join(known) or 'none found'})"
         ) from exc
-    return parse_platform(data)
+    except (FileRefused, OSError) as exc:
+        raise PlatformDataError(f"{platforms_dir}: {exc}") from exc
+    try:
+        return parse_platform(json.loads(raw.decode("utf-8")))
+    except (ValueError, RecursionError, KeyError, TypeError, AttributeError) as exc:
+        raise PlatformDataError(f"{platforms_dir / name} is damaged: {type(exc).__name__}: {exc}") from exc
 
 
 def check_tiers(features: CpuFeatures, platform: PlatformTiers) -> tuple[TierCheck, ...]:

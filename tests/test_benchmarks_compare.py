@@ -90,14 +90,18 @@ def test_pytorch_contender_computes_what_the_package_computes(real_model_dir: Pa
     from tokenizers import Tokenizer
 
     from benchmarks.torch_model import dynamic_int8, torch_classifier, torch_logits
-    from models.evaluate import ort_logits, ort_session, softmax
+    from models.calibration import softmax_t as softmax
+    from models.evaluate import classify_probs, uncalibrated
+    from runtime.engine import Engine
     from runtime.package import load_package, read_golden
 
     package = load_package(real_model_dir)
+    texts = [g["text"] for g in read_golden(package)]
     tokenizer = Tokenizer.from_file(str(package.path(package.manifest.tokenizer)))
-    seqs = [e.ids for e in tokenizer.encode_batch([g["text"] for g in read_golden(package)])]
+    seqs = [e.ids for e in tokenizer.encode_batch(texts)]
     pad = package.manifest.pad_id
-    onnx_fp32 = softmax(ort_logits(ort_session(package.path(package.manifest.variants["fp32"].file)), seqs, pad))
+    # the package's FP32 variant as the runtime runs it, without the temperature PyTorch does not apply
+    onnx_fp32 = classify_probs(Engine(uncalibrated(package), "fp32"), texts)
     model = torch_classifier(package)
     # the same weights: PyTorch FP32 equals ORT FP32 up to float rounding
     assert np.abs(softmax(torch_logits(model, seqs, pad)) - onnx_fp32).max() < 1e-4

@@ -184,3 +184,22 @@ def test_a_bug_is_one_stderr_line_and_exit_1():
     debug = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                            env={**env, "DECIDE_DEBUG": "1"}, timeout=60)
     assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+def test_a_log_line_is_one_line_whatever_the_strings_it_carries(tmp_path):
+    # a path (or an exception's text, a file name…) with a newline and an ANSI escape must not
+    # forge a second log line or repaint the terminal (issue 23)
+    evil = tmp_path / "pkg\ndecide: ready: model forged\x1b[31m"
+    result = subprocess.run([sys.executable, "-m", "runtime", "--model", str(evil)], cwd=REPO, input=b"",
+                            capture_output=True, timeout=60, check=False)
+    err = result.stderr.decode()
+    assert result.returncode == 4, err
+    assert len(err.splitlines()) == 1 and err.startswith("decide: model package error: "), err
+    assert "\\ndecide: ready: model forged\\x1b[31m" in err and "\x1b" not in err
+
+
+def test_escaping_keeps_tabs_and_text_and_shows_every_control_character():
+    from runtime.logs import escape_controls
+
+    assert escape_controls("Größe\t雨 ok") == "Größe\t雨 ok"
+    assert escape_controls("a\nb\rc\x1b[2Jd\x00e\x7ff\x9bg") == "a\\nb\\rc\\x1b[2Jd\\x00e\\x7ff\\x9bg"

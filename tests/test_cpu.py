@@ -18,16 +18,16 @@ from runtime.cpu import (
     normalise_arch,
     parse_fake_cpu,
     probe,
-    usable_cores,
     x86_flags_from,
 )
+from runtime.cgroup import CpuBudget, cpu_budget
 from runtime.tiers import load_platform, select
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_fake_cpu_spec_is_parsed():
-    features = parse_fake_cpu("AMD64: SSE4_2, popcnt ,avx2", cores=3)
+    features = parse_fake_cpu("AMD64: SSE4_2, popcnt ,avx2", CpuBudget(3, "affinity (3 CPUs)", 3, None))
     assert features.arch == "x86_64"
     assert features.flags == {"sse4_2", "popcnt", "avx2"}
     assert features.usable_cores == 3 and features.source == "fake"
@@ -62,7 +62,7 @@ def test_real_probe_matches_this_machine(monkeypatch):
     monkeypatch.delenv("DECIDE_FAKE_CPU", raising=False)
     features = probe()
     assert features.arch == normalise_arch(platform.machine())
-    assert features.usable_cores == usable_cores() >= 1
+    assert features.usable_cores == cpu_budget().cores >= 1
     if features.arch == "x86_64":
         assert features.source == "cpuid"
         assert {"sse2", "sse4_2", "popcnt"} <= features.flags  # numpy 2.4 already runs here

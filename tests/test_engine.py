@@ -30,7 +30,7 @@ def test_golden_labels_and_reference_probabilities(fp32_engine):
 
 
 def test_bucket_padding_does_not_change_results(fp32_engine):
-    items = fp32_engine.encoder.encode(["rain", "goal goal match", "server pump"])
+    items = fp32_engine.encoder.tokenize(["rain", "goal goal match", "server pump"])
     at_16 = fp32_engine.run_padded(items, 16)
     at_24 = fp32_engine.run_padded(items, 24)
     exact = np.vstack([fp32_engine.run_padded([item], len(item.ids)) for item in items])

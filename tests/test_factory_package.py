@@ -74,17 +74,16 @@ def test_committed_default_package_reproduces_its_golden_set():
 
 def test_tiny_factory_run_produces_a_loadable_package(tmp_path, monkeypatch):
     pytest.importorskip("torch")
-    from models.build import build
-    from models.recipes import TOPICS_MULTILINGUAL
-    from models.train import TrainConfig
+    from models.recipes import TrainConfig, load_recipe
+    from models.train import train_package
 
     monkeypatch.setenv("DECIDE_FACTORY_CACHE", str(tmp_path / "cache"))
     recipe = replace(
-        TOPICS_MULTILINGUAL, name="tiny-topics", version="0.0.1", teacher=None, student_layers=(0,),
+        load_recipe("topics-multilingual"), name="tiny-topics", version="0.0.1", teacher=None, student_layers=(0,),
         vocab_budget=3000, train_subset=96, golden_count=6,
         student=TrainConfig(epochs=1, batch_size=16, max_steps=4, lr=1e-4, head_lr=1e-3))
     out = tmp_path / "tiny-topics"
-    manifest = build(recipe, out, reuse=False)
+    manifest = train_package(recipe, out, reuse=False)
 
     package = load_package(out)
     verify_files(package, _all_entries(package))
@@ -99,7 +98,7 @@ def test_tiny_factory_run_produces_a_loadable_package(tmp_path, monkeypatch):
         assert np.abs(probs - np.array([g["probs"] for g in golden])).max() <= 2e-3
     # the checkpoint stays in the cache, outside the package
     assert not list(out.glob("*.pt"))
-    assert (tmp_path / "cache" / "tiny-topics" / "model.pt").is_file()
+    assert (tmp_path / "cache" / "checkpoints" / f"{recipe.checkpoint_key('model')}.pt").is_file()
     assert manifest.provenance["vocabulary"]["pieces"] < 20000
 
 

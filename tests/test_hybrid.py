@@ -9,7 +9,8 @@ torch = pytest.importorskip("torch")
 from transformers import BertConfig
 
 from models.classifier import BlockQuantizedEmbedding, MeanFeatureHead
-from models.hybrid import HybridClassifier, HybridShape, parse_student_arch, spread_layers
+from models.hybrid import HybridClassifier
+from models.student_arch import HybridShape, parse_student_arch, spread_layers
 
 PAD = 1
 VOCAB = 60
@@ -36,12 +37,27 @@ def sequences(count: int, rng: np.random.Generator, low: int = 2, high: int = 12
     return [[0] + rng.integers(5, VOCAB, size=rng.integers(low, high)).tolist() + [2] for _ in range(count)]
 
 
+def padded(seqs: list[list[int]]) -> dict[str, np.ndarray]:
+    """The graph's feeds for a right-padded batch."""
+    ids = np.full((len(seqs), max(map(len, seqs))), PAD, dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, seq in enumerate(seqs):
+        ids[row, : len(seq)], mask[row, : len(seq)] = seq, 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def session_for(path):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
 def logits_alone_and_padded(model, seqs):
-    from models.train import pad_batch
+    from models.loops import pad_tensors
 
     alone = np.stack([model(torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))[0].detach().numpy()
                       for s in seqs])
-    ids, mask = pad_batch(seqs, PAD)
+    ids, mask = pad_tensors(seqs, PAD)
     return alone, model(ids, mask).detach().numpy()
 
 
@@ -72,54 +88,46 @@ def test_without_the_mask_before_the_convolution_padding_would_leak():
 def test_exported_graph_computes_what_torch_does_with_fused_attention_and_depthwise_conv(tmp_path, fusion):
     import onnx
 
-    from models.evaluate import ort_logits, ort_session
-    from models.hybrid_export import build_hybrid_variants, operator_counts
+    from models.export import export_fp32_graph
 
     model = tiny_hybrid(fusion)
     seqs = sequences(8, np.random.default_rng(2))
-    paths = build_hybrid_variants(model, tmp_path, PAD)
+    path = export_fp32_graph(model, tmp_path, PAD)  # the factory's one FP32 exporter dispatches on the student
     assert (tmp_path / "embeddings.bin").is_file()
-    graph = onnx.load(str(paths["fp32"]), load_external_data=False)
-    counts = operator_counts(graph)
-    assert counts["Attention"] == 1
+    graph = onnx.load(str(path), load_external_data=False)
+    ops = [n.op_type for n in graph.graph.node]
+    assert ops.count("Attention") == 1 and "MultiHeadAttention" not in ops
     convs = [n for n in graph.graph.node if n.op_type == "Conv"]
     assert len(convs) == 2 + (fusion == "gated")
     assert all(next(a.i for a in n.attribute if a.name == "group") == HIDDEN for n in convs)  # depthwise
     alone, _ = logits_alone_and_padded(model, seqs)
-    assert np.abs(ort_logits(ort_session(paths["fp32"]), seqs, PAD) - alone).max() < 1e-2  # fp16 storage
+    assert np.abs(session_for(path).run(["logits"], padded(seqs))[0] - alone).max() < 1e-2  # fp16 storage
 
 
 def test_int8_answers_do_not_depend_on_batch_mates(tmp_path):
     import onnx
-    import onnxruntime as ort
 
-    from models.evaluate import pad_numpy
-    from models.hybrid_export import build_hybrid_variants
+    from models.export import export_fp32_graph
     from models.quantize import quantize_variants
 
     model = tiny_hybrid("gated")
     rng = np.random.default_rng(3)
-    paths = build_hybrid_variants(model, tmp_path, PAD)
-    calibration = []
-    for _ in range(4):
-        ids, mask = pad_numpy(sequences(8, rng), PAD)
-        calibration.append({"input_ids": ids, "attention_mask": mask})
-    int8 = quantize_variants(paths["fp32"], tmp_path, calibration, ["int8-u8u8", "int8-u8s7"])
+    fp32 = export_fp32_graph(model, tmp_path, PAD)
+    calibration = [padded(sequences(8, rng)) for _ in range(4)]
+    int8 = quantize_variants(fp32, tmp_path, calibration, ["int8-u8u8", "int8-u8s7"])
     seqs = sequences(7, rng) + [[0] + list(range(5, 30)) + [2]]
-    ids, mask = pad_numpy(seqs, PAD)
     for name, path in int8.items():
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        session = session_for(path)
         assert any(n.op_type == "MatMulIntegerToFloat" for n in onnx.load(str(path), load_external_data=False).graph.node)
-        batched = session.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0]
-        alone = np.stack([session.run(["logits"], {"input_ids": np.array([s]), "attention_mask": np.ones((1, len(s)), np.int64)})[0][0]
-                          for s in seqs])
+        batched = session.run(["logits"], padded(seqs))[0]
+        alone = np.stack([session.run(["logits"], padded([s]))[0][0] for s in seqs])
         assert np.abs(alone - batched).max() < 1e-4, name
         assert (alone.argmax(1) == batched.argmax(1)).all(), name
 
 
 def test_pooled_head_learns_and_its_folded_standardisation_is_exact():
     from models.heads import fit_pooled_head, pool, pooled_inputs
-    from models.train import DistillConfig
+    from models.recipes import DistillConfig
 
     model = tiny_hybrid()
     rng = np.random.default_rng(4)
@@ -144,7 +152,7 @@ def test_pooled_head_learns_and_its_folded_standardisation_is_exact():
 
 def test_the_hybrid_trains_towards_teacher_features():
     from models.distill import distill, fit_linear, student_features
-    from models.train import DistillConfig
+    from models.recipes import DistillConfig
 
     model = tiny_hybrid()
     assert isinstance(model.head, MeanFeatureHead) and model.head.tap == 2  # tapped after the conv stack

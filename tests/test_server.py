@@ -533,3 +533,200 @@ def test_deep_json_and_huge_texts_over_the_socket(tiny_package_dir, socket_dir):
     finally:
         code, err = server.stop()
     assert code == 0 and "Traceback" not in err, err
+
+
+# -- never a silently lost answer (issue 23) -------------------------------------------------------
+
+
+def start_slow(model: Path, per_call_ms: float, per_text_ms: float, *args: str) -> Server:
+    """A server whose engine sleeps per call and per text (benchmarks/slow_engine.py): a fast tiny
+    model behaving like a big one on a loaded box, so the queue fills and backpressure holds."""
+    from benchmarks import slow_engine
+
+    proc = subprocess.Popen([*slow_engine.command(per_call_ms, per_text_ms), "serve", "--model", str(model),
+                             "--ready", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    ready, _, _ = select.select([proc.stdout], [], [], 60)
+    line = proc.stdout.readline() if ready else b""
+    if not line:
+        proc.kill()
+        raise AssertionError(f"server did not become ready: {proc.communicate(timeout=30)[1].decode()}")
+    return Server(proc, json.loads(line))
+
+
+def pipeline(server: Server, lines: list[bytes], pause_after: int = 0, pause_s: float = 0.0,
+             rcvbuf: int = 0) -> list[dict]:
+    """One connection: a writer thread sends the lines in small writes (as a real client streams
+    them) and half-closes; this thread reads every answer until EOF, optionally not reading for
+    pause_s seconds after pause_after answers."""
+    sock = server.connect()
+    sock.settimeout(120)
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+
+    def feed() -> None:
+        for offset in range(0, len(lines), 7):
+            sock.sendall(b"".join(line + b"\n" for line in lines[offset:offset + 7]))
+        sock.shutdown(socket.SHUT_WR)
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    data, paused = b"", False
+    while True:
+        if pause_s and not paused and data.count(b"\n") >= pause_after:
+            paused = True
+            time.sleep(pause_s)  # the client stops reading: decide must wait for it, not drop it
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    writer.join(timeout=60)
+    sock.close()
+    return [json.loads(line) for line in data.splitlines()]
+
+
+def test_a_pipelining_client_held_back_by_backpressure_is_not_closed_as_idle(tiny_package_dir, socket_dir):
+    # The reader holds an incomplete line while the slow engine keeps it waiting for owed answers
+    # far longer than --idle-timeout: that wait is decide's, not the client's (it was closed after
+    # 2,767 of 3,000 answers).
+    server = start_slow(tiny_package_dir, 20, 5, "--socket", str(socket_dir / "s"), "--idle-timeout", "1")
+    try:
+        lines = [json.dumps({"id": i, "text": "rain goal server"}).encode() for i in range(3000)]
+        answers = pipeline(server, lines)
+        assert [a["id"] for a in answers] == list(range(3000))
+        assert all(a["label"] is not None or a.get("leaning") for a in answers)
+    finally:
+        code, err = server.stop()
+    assert code == 0 and "closing a connection" not in err, err
+
+
+def test_a_client_that_stops_reading_for_a_while_gets_every_answer(tiny_package_dir, socket_dir):
+    # ~1.5 KB answers, a small receive buffer and a 3 s pause with --idle-timeout 1: the writer
+    # waits for the client, the reader is held back, and nothing is closed.
+    server = start_slow(tiny_package_dir, 2, 0.2, "--socket", str(socket_dir / "s"), "--idle-timeout", "1")
+    try:
+        lines = [json.dumps({"id": i, "texts": ["rain goal server"] * 8}).encode() for i in range(1500)]
+        answers = pipeline(server, lines, pause_after=100, pause_s=3.0, rcvbuf=4096)
+        assert [a["id"] for a in answers] == list(range(1500))
+        assert all(len(a["results"]) == 8 for a in answers)
+    finally:
+        code, err = server.stop()
+    assert code == 0 and "closing a connection" not in err, err
+
+
+def test_answers_waiting_for_a_client_that_sent_everything_and_stopped_reading_are_kept(tiny_package_dir,
+                                                                                       socket_dir):
+    # The client keeps its connection open (no half-close), every request is answered while it
+    # does not read, and it sends nothing: decide owes nothing but still holds its answers, so the
+    # connection is not idle — closing it would drop them.
+    server = start(tiny_package_dir, "--socket", str(socket_dir / "s"), "--idle-timeout", "1")
+    try:
+        with server.connect() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.sendall(b"".join(json.dumps({"id": i, "texts": ["rain goal server"] * 8}).encode() + b"\n"
+                                  for i in range(400)))
+            time.sleep(6.0)  # all answered meanwhile, ~600 KB waiting for this client
+            reader = sock.makefile("rb")
+            answers = [json.loads(reader.readline()) for _ in range(400)]
+        assert [a["id"] for a in answers] == list(range(400))
+    finally:
+        code, err = server.stop()
+    assert code == 0 and "closing a connection" not in err, err
+
+
+def test_pipelining_clients_under_a_slow_engine_share_the_queue_without_busy(tiny_package_dir, socket_dir):
+    # 12 clients × 400 pipelined through a 4-place queue, each request waiting for a place with a
+    # 3 s --queue-timeout: fair admission gives every connection its turn well within it.
+    server = start_slow(tiny_package_dir, 5, 0.5, "--socket", str(socket_dir / "s"), "--queue-size", "4",
+                        "--queue-timeout", "3", "--idle-timeout", "1")
+    failures: list[BaseException] = []
+
+    def client(number: int) -> None:
+        try:
+            lines = [json.dumps({"id": f"{number}-{i}", "text": "goal"}).encode() for i in range(400)]
+            answers = pipeline(server, lines)
+            assert [a["id"] for a in answers] == [f"{number}-{i}" for i in range(400)]
+            assert [a for a in answers if "error" in a] == []
+        except BaseException as exc:  # noqa: BLE001 — reported by the main thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(12)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=300)
+        assert not failures, failures[0]
+        body = stats(server)
+        assert body["busy"] == {"queue_timeout": 0, "max_connections": 0, "shutting_down": 0}
+        assert "busy" not in body["errors"]
+    finally:
+        code, err = server.stop()
+    assert code == 0, err
+
+
+def test_busy_answers_are_counted_by_cause(tiny_package_dir, socket_dir):
+    server = start(tiny_package_dir, "--socket", str(socket_dir / "s"), "--max-connections", "1")
+    try:
+        with server.connect() as first:
+            first.sendall(b'{"id": 1, "text": "rain"}\n')
+            assert json.loads(first.makefile("rb").readline())["label"] == "weather"
+            for _ in range(3):
+                with server.connect() as extra:
+                    assert [a["error"]["code"] for a in read_answers(extra)] == ["busy"]
+            first.sendall(b'{"id": "s", "op": "stats"}\n')
+            first.shutdown(socket.SHUT_WR)
+            body = read_answers(first)[-1]
+        assert body["busy"]["max_connections"] == 3 and body["errors"]["busy"] == 3
+    finally:
+        server.stop()
+
+
+def test_a_burst_of_connects_fits_the_listen_backlog(tiny_package_dir, socket_dir):
+    # The server is stopped (SIGSTOP) while 500 clients connect and send a request: the kernel's
+    # backlog must hold them all (128 made connect fail with EAGAIN before busy could be sent).
+    # After SIGCONT every client gets exactly one line: its answer or busy.
+    path = socket_dir / "s"
+    server = start(tiny_package_dir, "--socket", str(path), "--max-connections", "64")
+    clients, refused = [], 0
+    try:
+        server.proc.send_signal(signal.SIGSTOP)
+        for i in range(500):
+            sock = socket.socket(socket.AF_UNIX)
+            sock.setblocking(False)
+            try:
+                sock.connect(str(path))
+            except BlockingIOError:
+                refused += 1
+                sock.close()
+                continue
+            sock.setblocking(True)
+            sock.sendall(json.dumps({"id": i, "text": "rain"}).encode() + b"\n")
+            sock.shutdown(socket.SHUT_WR)
+            clients.append(sock)
+        server.proc.send_signal(signal.SIGCONT)
+        assert refused == 0, f"{refused} of 500 connects were refused by a full backlog"
+        kinds = []
+        for sock in clients:
+            sock.settimeout(60)
+            answers = read_answers(sock)
+            assert len(answers) == 1, answers
+            kinds.append("busy" if "error" in answers[0] else answers[0]["label"])
+        assert set(kinds) <= {"weather", "busy"} and kinds.count("weather") >= 64
+    finally:
+        for sock in clients:
+            sock.close()
+        server.proc.send_signal(signal.SIGCONT)
+        code, err = server.stop()
+    assert code == 0 and "Traceback" not in err, err
+
+
+def test_the_slow_soak_answers_every_request_in_order(tiny_package_dir):
+    # benchmarks/soak.py --slow at a small scale (the lead runs 50 × 2,000 with a 10 s pause):
+    # pipelining clients, one that stops reading for longer than --idle-timeout, a slowed engine
+    out = subprocess.run([sys.executable, "benchmarks/soak.py", "--slow", "--model", str(tiny_package_dir),
+                          "--clients", "6", "--per-client", "400", "--pause", "3", "--hogs", "0", "--json"],
+                         cwd=REPO, capture_output=True, timeout=300, check=False)
+    assert out.returncode == 0, (out.stdout.decode()[-2000:], out.stderr.decode()[-2000:])
+    row = json.loads(out.stdout)["rows"][0]
+    assert (row["answered"], row["lost"], row["busy"], row["out_of_order_streams"]) == (2400, 0, 0, 0), row
+    assert row["peak_rss_mb"] > 0

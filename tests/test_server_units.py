@@ -12,7 +12,8 @@ from runtime import sdnotify
 from runtime.protocol import ClassifyRequest
 from runtime.framing import LineSplitter, split_lines
 from runtime.listen import ListenError, check_socket_directory, is_loopback, parse_tcp_address
-from runtime.server import Pending, RequestQueue, parse_proc_status
+from runtime.admission import Pending, RequestQueue
+from runtime.serverstats import parse_proc_status
 from runtime.service import percentile
 
 
@@ -255,3 +256,87 @@ def test_splitter_knows_when_it_holds_a_partial_line():
     assert splitter.feed(b"\n") == [b"abc"] and not splitter.holds_partial_line
     splitter.feed(b"x" * 20)
     assert splitter.holds_partial_line  # discarding an over-long line counts too
+
+
+# -- fair admission (issue 23) -------------------------------------------------------------------
+
+
+def test_freed_places_go_to_the_waiting_connection_with_the_fewest_queued():
+    """A full queue of connection A's requests; B and C wait, then A waits again. Freed places go
+    to B and C first (nothing queued), and A's waiting reader gets a place only after them, in
+    spite of waiting first, so a pipelining connection cannot take every freed place."""
+    import asyncio
+
+    from runtime.admission import Admission
+
+    async def scenario() -> list[str]:
+        queue = RequestQueue(capacity=3)
+        admission = Admission(queue, timeout_s=5.0)
+        loop = asyncio.get_running_loop()
+
+        def item(connection: str) -> Pending:
+            return Pending(ClassifyRequest(None, ("rain",), True), loop.create_future(), connection, 0.0)
+
+        for _ in range(3):
+            assert await admission.enter(item("A"))  # room: straight in
+        order: list[str] = []
+
+        async def wait_for_place(connection: str) -> None:
+            assert await admission.enter(item(connection))
+            order.append(connection)
+
+        waiters = [asyncio.create_task(wait_for_place(name)) for name in ("A", "B", "C")]
+        await asyncio.sleep(0.01)
+        assert order == [] and len(admission.waiting) == 3  # all wait: the queue is full
+        for _ in range(3):  # the batch thread takes one request at a time
+            admission.taken(queue.take_batch(max_texts=1, delay_s=0.0, wait_for=lambda: 1))
+            await asyncio.sleep(0)
+        await asyncio.gather(*waiters)
+        return order
+
+    assert asyncio.run(scenario()) == ["B", "C", "A"]
+
+
+def test_a_request_that_finds_no_place_within_the_timeout_is_refused_and_leaves_no_waiter():
+    import asyncio
+
+    from runtime.admission import Admission
+
+    async def scenario() -> tuple[bool, int, int]:
+        queue = RequestQueue(capacity=1)
+        admission = Admission(queue, timeout_s=0.05)
+        loop = asyncio.get_running_loop()
+        first = Pending(ClassifyRequest(None, ("rain",), True), loop.create_future(), "A", 0.0)
+        second = Pending(ClassifyRequest(None, ("goal",), True), loop.create_future(), "B", 0.0)
+        assert await admission.enter(first)
+        admitted = await admission.enter(second)  # nothing is taken: the model is stuck
+        admission.taken(queue.take_batch(max_texts=1, delay_s=0.0, wait_for=lambda: 1))  # late: no one waits
+        return admitted, len(admission.waiting), len(queue)
+
+    assert asyncio.run(scenario()) == (False, 0, 0)
+
+
+def test_a_closing_connection_leaves_the_waiting_line_without_taking_a_place():
+    import asyncio
+
+    from runtime.admission import Admission
+
+    async def scenario() -> tuple[int, list]:
+        queue = RequestQueue(capacity=1)
+        admission = Admission(queue, timeout_s=5.0)
+        loop = asyncio.get_running_loop()
+
+        def item(connection: str) -> Pending:
+            return Pending(ClassifyRequest(None, ("rain",), True), loop.create_future(), connection, 0.0)
+
+        await admission.enter(item("A"))
+        gone = asyncio.create_task(admission.enter(item("gone")))
+        stays = asyncio.create_task(admission.enter(item("B")))
+        await asyncio.sleep(0.01)
+        gone.cancel()  # its connection closed while it waited
+        await asyncio.gather(gone, return_exceptions=True)
+        admission.taken(queue.take_batch(max_texts=1, delay_s=0.0, wait_for=lambda: 1))
+        assert await stays
+        return len(admission.waiting), [p.connection for p in queue.items]
+
+    assert asyncio.run(scenario()) == (0, ["B"])

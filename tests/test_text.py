@@ -18,8 +18,9 @@ def test_bucket_for_picks_smallest_that_fits():
 
 
 def test_encoder_truncates_and_reports_it(tiny_package_dir):
-    encoder = TextEncoder(tiny_package_dir / "tokenizer.json", max_length=tiny_package.MAX_LENGTH, pad_id=0)
-    short, long = encoder.encode(["rain and sun", " ".join(["goal"] * 100)])
+    encoder = TextEncoder((tiny_package_dir / "tokenizer.json").read_text(encoding="utf-8"),
+                          max_length=tiny_package.MAX_LENGTH, pad_id=0)
+    short, long = encoder.tokenize(["rain and sun", " ".join(["goal"] * 100)])
     assert len(short.ids) == 5 and not short.truncated  # [CLS] rain and sun [SEP]
     assert len(long.ids) == tiny_package.MAX_LENGTH and long.truncated
     assert long.ids[-1] == tiny_package.vocabulary()["[SEP]"]  # special tokens survive truncation

@@ -1,6 +1,8 @@
 """Tier choice for a table of fake CPUs, variant fallback, and overrides."""
 
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -124,3 +126,22 @@ def test_platform_files_are_consistent(path):
     # Baseline first: each tier's requirements include the baseline's.
     baseline = set(platform.tiers[0].requires)
     assert all(baseline <= set(t.requires) for t in platform.tiers)
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda d: (d / "x86_64.json").unlink() or (d / "x86_64.json").symlink_to(PLATFORMS / "x86_64.json"),
+     "x86_64.json is a symbolic link"),
+    (lambda d: (d / "x86_64.json").unlink() or os.mkfifo(d / "x86_64.json"), "x86_64.json is a FIFO"),
+    (lambda d: (d / "x86_64.json").write_text(" " * (2 << 20)), "more than the 1048576 a platform table may have"),
+    (lambda d: (d / "x86_64.json").write_text("{not json"), "x86_64.json is damaged"),
+    (lambda d: (d / "x86_64.json").write_text('{"arch": "x86_64"}'), "x86_64.json is damaged: KeyError"),
+])
+def test_a_damaged_platform_table_is_refused_with_one_line(tmp_path, damage, words):
+    import shutil
+
+    from runtime.tiers import PlatformDataError
+
+    tables = Path(shutil.copytree(PLATFORMS, tmp_path / "platforms"))
+    damage(tables)
+    with pytest.raises(PlatformDataError, match=re.escape(words)):
+        load_platform(tables, "x86_64")

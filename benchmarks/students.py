@@ -6,11 +6,13 @@ conv-attention hybrids (models/hybrid.py) and a 2-layer transformer, each with b
     python3 benchmarks/students.py table [--packages DIR] [--rounds 7] [--calls 20] [--json FILE]
 
 build: one package per candidate and head in DIR (default /tmp/decide-students), each through
-  models.build.build with the machine-alarms recipe, the training files of models/tasks/machine-
+  models.train.train_package (the factory's one path: train → publish) with the machine-alarms recipe, the training files of models/tasks/machine-
   alarms/train/ that hold its eight case labels (the recipe's + languages-a.csv + languages-b.csv),
   the candidate's student_arch / student_layers, the head, and the variants fp32, int8-u8u8,
-  int8-u8s8, int8-u8s7. Both heads of a candidate share one distilled encoder (its checkpoint is
-  head-independent). Prints the CPU seconds (user + sys) of every build.
+  int8-u8s8, int8-u8s7 (publish makes those this machine's CPU tier serves). Both heads of a candidate
+  share one distilled encoder (its checkpoint is head-independent). --reduced trains on a subset
+  (train_subset 1500, 1 distillation epoch, no augmented copies): quicker, not the real figures.
+  Prints the CPU seconds (user + sys) of every build.
 table: every package of DIR on this CPU, one process, numbers from runtime.engine.Engine:
   accuracy on the held-out in-scope cases (test/cases-a.csv + cases-b.csv) and on their part in
   languages no training file has; dev accuracy (dev/dev.csv cases: what settings were chosen on);
@@ -18,7 +20,9 @@ table: every package of DIR on this CPU, one process, numbers from runtime.engin
   size of one variant (graph + shared data + tokenizer); batch-1 latency at 8, 32, 64 and 128
   tokens and bulk throughput at batch 32 (held-out texts) with 1 and 2 intra-op threads.
   Timing is interleaved: every round runs every (package, variant, threads) once, in an order
-  rotated per round; the figures are medians over all calls of all rounds. One run.
+  rotated per round; the figures are medians over all calls of all rounds. One run. Variants a
+  package lacks (not made on this CPU's tier, or rejected by the gate) are re-made from its FP32
+  graph for timing and scoring only, and marked. --variants limits the table to some variants.
 """
 
 from __future__ import annotations
@@ -63,19 +67,25 @@ CANDIDATES = {
 BASELINE = "transformer-4-mean-linear"
 
 
-def candidate_recipe(candidate: str, head: str):
+# --reduced: fewer training rows and one distillation epoch (labelled as reduced wherever it is reported)
+REDUCED = {"train_subset": 1500, "distill_augment": 0, "feature_distill": {"epochs": 1, "lr": 3e-4, "head_reg": 1e-3}}
+
+
+def candidate_recipe(candidate: str, head: str, reduced: bool = False):
     """machine-alarms + the case training files + the candidate's shape and head (validated)."""
     from models.recipes import load_recipe, recipe_from_dict
 
     base = asdict(load_recipe("machine-alarms"))
     extra = list(base["extra_data"]) + [p for p in EXTRA_TRAIN if p not in base["extra_data"]]
-    # one recipe name per candidate: both heads reuse the same cached student checkpoint
-    return recipe_from_dict({**base, **CANDIDATES[candidate], "name": f"students-{candidate}", "extra_data": extra,
-                             "head": head, "variants": VARIANTS,
-                             "description": f"issue 27 candidate {candidate}, head {head}"})
+    # one recipe name per candidate: both heads reuse the same cached student checkpoint (the cache is
+    # keyed on content, so the name only labels the package)
+    return recipe_from_dict({**base, **CANDIDATES[candidate], **(REDUCED if reduced else {}),
+                             "name": f"students-{candidate}", "extra_data": extra, "head": head, "variants": VARIANTS,
+                             "description": f"issue 27 candidate {candidate}, head {head}"
+                             + (" (reduced training: benchmarks/students.py --reduced)" if reduced else "")})
 
 
-def build_all(out: Path, only: list[str]) -> None:
+def build_all(out: Path, only: list[str], reduced: bool = False) -> None:
     """Build every candidate × head package (each in a child process, so its CPU time is its own)."""
     out.mkdir(parents=True, exist_ok=True)
     for candidate in CANDIDATES:
@@ -86,21 +96,21 @@ def build_all(out: Path, only: list[str]) -> None:
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             started = time.monotonic()
             result = subprocess.run([sys.executable, str(Path(__file__).resolve()), "build-one", candidate, head,
-                                     "--out", str(out / name)], check=False)
+                                     "--out", str(out / name), *(["--reduced"] if reduced else [])], check=False)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
             status = "ok" if result.returncode == 0 else f"FAILED (exit {result.returncode})"
-            line = {"package": name, "status": status, "cpu_seconds": round(cpu, 1),
+            line = {"package": name, "status": status, "reduced": reduced, "cpu_seconds": round(cpu, 1),
                     "wall_seconds": round(time.monotonic() - started, 1), "load": os.getloadavg()}
             print(json.dumps(line), flush=True)
             with open(out / "builds.jsonl", "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(line) + "\n")
 
 
-def build_one(candidate: str, head: str, out: Path) -> int:
-    from models.build import build  # the factory pipeline's entry point
+def build_one(candidate: str, head: str, out: Path, reduced: bool = False) -> int:
+    from models.train import train_package  # the factory's one path: recipe → package
 
-    build(candidate_recipe(candidate, head), out)
+    train_package(candidate_recipe(candidate, head, reduced), out)
     return 0
 
 
@@ -153,7 +163,7 @@ def training_texts() -> list[str]:
     return texts
 
 
-def with_rejected(package, scratch: Path, calibration_texts: list[str]):
+def with_rejected(package, scratch: Path, calibration_texts: list[str], wanted: list[str]):
     """The package, plus the int8 variants of VARIANTS its gate rejected, re-made for timing and scoring only.
 
     A rejected graph is deleted by the factory; its speed and its accuracy loss are still part of the
@@ -166,17 +176,20 @@ def with_rejected(package, scratch: Path, calibration_texts: list[str]):
 
     from models.quantize import quantize_variants, text_feeds
     from runtime.package import Package, file_entry
+    from runtime.text import TextEncoder
 
     manifest = package.manifest
-    missing = [v for v in VARIANTS if v not in manifest.variants]
+    missing = [v for v in wanted if v not in manifest.variants]
+    kept = {n: v for n, v in manifest.variants.items() if n in wanted or n == "fp32"}
     if not missing:
-        return package
+        return Package(package.root, replace(manifest, variants=kept))
     shutil.rmtree(scratch, ignore_errors=True)
     shutil.copytree(package.root, scratch)
     fp32 = manifest.variants["fp32"]
-    feeds = text_feeds(scratch / manifest.tokenizer.file, calibration_texts, manifest.max_length, manifest.pad_id)
-    paths = quantize_variants(scratch / fp32.file.file, scratch, feeds, missing)
-    variants = dict(manifest.variants)
+    encoder = TextEncoder(package.path(manifest.tokenizer).read_text(encoding="utf-8"), manifest.max_length,
+                          manifest.pad_id)
+    paths = quantize_variants(scratch / fp32.file.file, scratch, text_feeds(encoder, calibration_texts), missing)
+    variants = dict(kept)
     for name, path in paths.items():
         variants[name] = replace(fp32, name=name, file=file_entry(scratch, path.name), precision="int8",
                                  quantization=None, metrics={})
@@ -184,27 +197,21 @@ def with_rejected(package, scratch: Path, calibration_texts: list[str]):
 
 
 def rejected_note(package, variant: str) -> str:
-    """'' for a published variant; the gate's verdict for one the factory rejected."""
-    provenance = package.manifest.provenance
+    """'' for a published variant; why the factory left out one the table re-made."""
     if variant in package.manifest.variants:
         return ""
-    gate = provenance.get("requantized", {}).get("gate", {}).get(variant)
-    if not gate:
+    reasons = package.manifest.provenance.get("rejected_variants", {}).get(variant)
+    if not reasons:
         return " (not built; re-made)"
-    return " (gate: rejected)"
+    if reasons[0].startswith("not made on this machine"):
+        return " (not for this CPU's tier; re-made)"
+    return " (gate: rejected; re-made)"
 
 
 def rejected_lines(published: dict) -> list[str]:
-    """Why the gate rejected each variant that the table re-made."""
-    lines = []
-    for name, package in published.items():
-        gates = package.manifest.provenance.get("requantized", {}).get("gate", {})
-        for variant, gate in gates.items():
-            if not gate["passed"]:
-                lines.append(f"- {name} {variant} rejected by the factory's gate (validation + test split, paired "
-                             f"with FP32: {gate['label_agreement_with_fp32']} of {gate['examples']} labels equal, "
-                             f"accuracy {-gate['accuracy_drop_points']:+.2f} points): {'; '.join(gate['failures'])}")
-    return lines
+    """Why the factory left out each variant the table re-made (publish's rejected_variants)."""
+    return [f"- {name} {variant}: {'; '.join(reasons)}" for name, package in published.items()
+            for variant, reasons in package.manifest.provenance.get("rejected_variants", {}).items()]
 
 
 # -- timing ----------------------------------------------------------------------------------------------
@@ -213,7 +220,7 @@ def length_items(engine, texts: list[str], length: int, count: int = 6) -> list:
     """`count` token sequences of exactly `length` tokens: held-out texts joined, cut, specials kept."""
     from runtime.text import Encoded
 
-    encoded = engine.encoder.encode(texts)
+    encoded = engine.encoder.tokenize(texts)
     pieces = [token for item in encoded for token in item.ids[1:-1]]
     first, last = encoded[0].ids[0], encoded[0].ids[-1]
     body = length - 2
@@ -248,7 +255,7 @@ def measure_speed(packages: dict, threads: list[int], rounds: int, calls: int, t
                 engine.warm_up()
                 engines[(name, variant, count)] = engine
         first = engines[(name, next(iter(package.manifest.variants)), threads[0])]
-        encoded = first.encoder.encode(texts[: BULK * 4])
+        encoded = first.encoder.tokenize(texts[: BULK * 4])
         inputs[name] = ({n: length_items(first, texts, n) for n in LENGTHS},
                         [encoded[i:i + BULK] for i in range(0, len(encoded), BULK)])
     times = {key: {**{n: [] for n in LENGTHS}, "bulk": []} for key in engines}
@@ -348,7 +355,7 @@ def goal_lines(published: dict, quality_rows: dict, speed: dict, cpu: dict) -> l
 
 
 def table(packages_dir: Path, rounds: int, calls: int, threads: list[int], json_path: Path | None,
-          clock: str = "wall") -> int:
+          clock: str = "wall", variants: list[str] = VARIANTS) -> int:
     import onnxruntime
 
     from runtime.package import load_package
@@ -358,7 +365,7 @@ def table(packages_dir: Path, rounds: int, calls: int, threads: list[int], json_
         print(f"no packages in {packages_dir}: run `python3 benchmarks/students.py build` first", file=sys.stderr)
         return 2
     calibration = training_texts()
-    packages = {name: with_rejected(package, packages_dir / ".rejected" / name, calibration)
+    packages = {name: with_rejected(package, packages_dir / ".rejected" / name, calibration, variants)
                 for name, package in published.items()}
     held_out = [r for f in HELD_OUT for r in read_cases(f)]
     absent = {r["lang"] for r in held_out} - training_languages()
@@ -394,27 +401,31 @@ def main(argv: list[str] | None = None) -> int:
     build = sub.add_parser("build")
     build.add_argument("--out", type=Path, default=DEFAULT_OUT)
     build.add_argument("--only", nargs="*", default=[], help="candidates (or candidate-head) to build")
+    build.add_argument("--reduced", action="store_true", help=f"quicker, reduced training: {REDUCED}")
     one = sub.add_parser("build-one")
     one.add_argument("candidate", choices=list(CANDIDATES))
     one.add_argument("head", choices=HEADS)
     one.add_argument("--out", type=Path, required=True)
+    one.add_argument("--reduced", action="store_true")
     report = sub.add_parser("table")
     report.add_argument("--packages", type=Path, default=DEFAULT_OUT)
     report.add_argument("--rounds", type=int, default=7)
     report.add_argument("--calls", type=int, default=20, help="batch-1 calls per length per round")
     report.add_argument("--threads", default="1,2")
     report.add_argument("--json", type=Path)
+    report.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS,
+                        help="variants to score and time (fp32 is always kept)")
     report.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="cpu: process CPU time per call, steadier on a busy box (at 1 thread close to an "
                              "idle core's latency; at 2 threads the sum of both threads' work)")
     args = parser.parse_args(argv)
     if args.command == "build":
-        build_all(args.out, args.only)
+        build_all(args.out, args.only, args.reduced)
         return 0
     if args.command == "build-one":
-        return build_one(args.candidate, args.head, args.out)
+        return build_one(args.candidate, args.head, args.out, args.reduced)
     return table(args.packages, args.rounds, args.calls, [int(t) for t in args.threads.split(",")], args.json,
-                 args.clock)
+                 args.clock, sorted(set(args.variants) | {"fp32"}, key=VARIANTS.index))
 
 
 if __name__ == "__main__":

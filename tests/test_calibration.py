@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fixtures import tiny_package
 
 REPO = Path(__file__).resolve().parent.parent

@@ -91,8 +91,9 @@ def test_selftest_passes_on_every_variant(tiny_package_dir):
 
 
 def test_selftest_failure_exits_5(tiny_package_dir, tmp_path):
-    from runtime.package import file_entry, load_package, write_manifest
     import dataclasses
+
+    from runtime.package import file_entry, load_package, write_manifest
 
     copy = shutil.copytree(tiny_package_dir, tmp_path / "pkg")
     golden = copy / "golden.jsonl"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.protocol import LineTooLong
 from runtime.framing import split_lines
+from runtime.protocol import LineTooLong
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -134,13 +134,13 @@ def test_overlong_line_is_an_error_and_serving_continues(tiny_package_dir):
 def test_utf8_regardless_of_locale(tiny_package_dir):
     proc = start(tiny_package_dir, env={"LC_ALL": "C", "LANG": "C", "PYTHONIOENCODING": "",
                                         "PYTHONUTF8": "0"})
-    request = '{"id": "雨-1", "text": "雨"}\n{"id": "latin", "text": "\xff"}\n'.encode("utf-8")
+    request = '{"id": "雨-1", "text": "雨"}\n{"id": "latin", "text": "\xff"}\n'.encode()
     out, err = proc.communicate(request + b'{"id": 2, "text": "\xc3"}\n', timeout=60)
     lines = out.splitlines()
     assert proc.returncode == 0, err
     first = json.loads(lines[0].decode("utf-8"))
     assert first["id"] == "雨-1" and first["label"] == "weather"
-    assert "雨".encode("utf-8") in lines[0]  # raw UTF-8 on the wire, not \u escapes
+    assert "雨".encode() in lines[0]  # raw UTF-8 on the wire, not \u escapes
     assert json.loads(lines[2])["error"]["code"] == "invalid_utf8"
 
 

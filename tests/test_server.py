@@ -187,7 +187,7 @@ def test_tcp_loopback_with_concurrent_clients(tiny_package_dir):
 
 def test_non_loopback_tcp_is_refused_without_allow_remote(tiny_package_dir):
     proc = subprocess.run([sys.executable, "-m", "runtime", "serve", "--model", str(tiny_package_dir),
-                           "--tcp", "0.0.0.0:0"], cwd=REPO, capture_output=True, timeout=60)
+                           "--tcp", "0.0.0.0:0"], check=False, cwd=REPO, capture_output=True, timeout=60)
     assert proc.returncode == 2
     assert b"--allow-remote" in proc.stderr
 
@@ -316,7 +316,7 @@ def test_stale_socket_is_replaced_but_a_live_one_or_a_file_is_not(tiny_package_d
     try:
         assert server.exchange([b'{"id": 1, "text": "rain"}'])[0]["label"] == "weather"
         second = subprocess.run([sys.executable, "-m", "runtime", "serve", "--model", str(tiny_package_dir),
-                                 "--socket", str(path)], cwd=REPO, capture_output=True, timeout=60)
+                                 "--socket", str(path)], check=False, cwd=REPO, capture_output=True, timeout=60)
         assert second.returncode == 2 and b"another server is listening" in second.stderr
         assert server.exchange([b'{"id": 2, "text": "goal"}'])[0]["label"] == "sports"  # still ours
     finally:
@@ -324,7 +324,7 @@ def test_stale_socket_is_replaced_but_a_live_one_or_a_file_is_not(tiny_package_d
     regular = socket_dir / "not-a-socket"
     regular.write_text("keep me")
     refused = subprocess.run([sys.executable, "-m", "runtime", "serve", "--model", str(tiny_package_dir),
-                              "--socket", str(regular)], cwd=REPO, capture_output=True, timeout=60)
+                              "--socket", str(regular)], check=False, cwd=REPO, capture_output=True, timeout=60)
     assert refused.returncode == 2 and regular.read_text() == "keep me"
 
 
@@ -378,7 +378,7 @@ def test_load_benchmark_reports_every_level(tiny_package_dir, client):
         pytest.skip("no C compiler (cc): the C load client of benchmarks/loadclient.c is not tested")
     out = subprocess.run([sys.executable, "benchmarks/load.py", "--model", str(tiny_package_dir), "--clients", "1,3",
                           "--seconds", "0.6", "--warm", "0.1", "--rounds", "2", "--json", "--client", client],
-                         cwd=REPO, capture_output=True, timeout=120)
+                         check=False, cwd=REPO, capture_output=True, timeout=120)
     assert out.returncode == 0, out.stderr.decode()
     rows = json.loads(out.stdout)["rows"]
     assert [r["clients"] for r in rows] == [1, 3]
@@ -412,7 +412,7 @@ def test_a_model_that_fails_to_load_exits_4_and_leaves_no_socket(tiny_package_di
             fh.write(b"x")  # the manifest still loads; the engine's checksum check fails after binding
     path = socket_dir / "s"
     proc = subprocess.run([sys.executable, "-m", "runtime", "serve", "--model", str(broken), "--socket", str(path)],
-                          cwd=REPO, capture_output=True, timeout=60)
+                          check=False, cwd=REPO, capture_output=True, timeout=60)
     assert proc.returncode == 4, proc.stderr.decode()
     assert b"model package error" in proc.stderr
     assert not path.exists()
@@ -422,8 +422,8 @@ def test_a_model_that_fails_to_load_exits_4_and_leaves_no_socket(tiny_package_di
 
 
 def serve_refused(model: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "runtime", "serve", "--model", str(model), *args], cwd=REPO,
-                          capture_output=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "runtime", "serve", "--model", str(model), *args],
+                          check=False, cwd=REPO, capture_output=True, timeout=60)
 
 
 def test_bad_socket_paths_are_usage_errors_with_one_clear_line(tiny_package_dir, tmp_path):

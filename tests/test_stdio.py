@@ -147,7 +147,8 @@ def test_utf8_regardless_of_locale(tiny_package_dir):
 def test_stray_prints_cannot_reach_the_wire():
     code = ("import os; from runtime.stdio import protect_stdout; from runtime.framing import write_all; w = protect_stdout(); "
             "print('stray print'); os.write(1, b'stray fd write\\n'); write_all(w, b'wire\\n')")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, timeout=30)
+    out = subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO, capture_output=True, timeout=30)
+    assert out.returncode == 0, out.stderr
     assert out.stdout == b"wire\n"
     assert b"stray print" in out.stderr and b"stray fd write" in out.stderr
 
@@ -310,16 +311,17 @@ def test_non_blocking_stdout_gets_whole_lines(tiny_package_dir):
 
 def test_full_disk_on_stdout_exits_6_with_one_line(tiny_package_dir):
     with open("/dev/full", "wb") as full:
-        result = subprocess.run([sys.executable, "-m", "runtime", "--model", str(tiny_package_dir), "-q"], cwd=REPO,
-                                input=b'{"id": 1, "text": "rain"}\n', stdout=full, stderr=subprocess.PIPE, timeout=60)
+        result = subprocess.run([sys.executable, "-m", "runtime", "--model", str(tiny_package_dir), "-q"],
+                                check=False, cwd=REPO, input=b'{"id": 1, "text": "rain"}\n', stdout=full,
+                                stderr=subprocess.PIPE, timeout=60)
     assert result.returncode == 6
     assert result.stderr.decode().splitlines() == ["decide: cannot write answers to stdout: No space left on device"]
 
 
 def test_closed_stdout_exits_6_with_one_line(tiny_package_dir):
-    result = subprocess.run([sys.executable, "-m", "runtime", "--model", str(tiny_package_dir), "-q"], cwd=REPO,
-                            input=b'{"id": 1, "text": "rain"}\n', stderr=subprocess.PIPE, timeout=60,
-                            preexec_fn=lambda: os.close(1))
+    result = subprocess.run([sys.executable, "-m", "runtime", "--model", str(tiny_package_dir), "-q"],
+                            check=False, cwd=REPO, input=b'{"id": 1, "text": "rain"}\n', stderr=subprocess.PIPE,
+                            timeout=60, preexec_fn=lambda: os.close(1))
     assert result.returncode == 6
     lines = result.stderr.decode().splitlines()
     assert len(lines) == 1 and "stdout is closed" in lines[0]

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fixtures.child import after_shell
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -155,8 +157,9 @@ def test_reports_to_a_full_or_closed_stdout_exit_6_with_one_line(tiny_package_di
                                 check=False, cwd=REPO, stdout=full, stderr=subprocess.PIPE, timeout=60)
     assert result.returncode == 6
     assert result.stderr.decode().splitlines() == ["decide: cannot write answers to stdout: No space left on device"]
-    result = subprocess.run([sys.executable, "-m", "runtime", "info", "--json", "--model", str(tiny_package_dir)],
-                            check=False, cwd=REPO, stderr=subprocess.PIPE, timeout=60, preexec_fn=lambda: os.close(1))
+    result = subprocess.run(after_shell("exec 1>&-", [sys.executable, "-m", "runtime", "info", "--json", "--model",
+                                                      str(tiny_package_dir)]),
+                            check=False, cwd=REPO, stderr=subprocess.PIPE, timeout=60)
     assert result.returncode == 6 and len(result.stderr.decode().splitlines()) == 1
 
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures.child import after_shell
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS = {"rain": "weather", "goal": "sports", "server": "tech", "der Regen und die Sonne": "weather",
@@ -196,6 +197,7 @@ def test_allow_remote_binds_with_a_warning(tiny_package_dir):
     server = start(tiny_package_dir, "--tcp", "0.0.0.0:0", "--allow-remote")
     try:
         host, port = server.address
+        assert host == "0.0.0.0"  # every interface, as asked
         server.address = ("127.0.0.1", port)
         assert server.exchange([b'{"id": 1, "text": "rain"}'])[0]["label"] == "weather"
     finally:
@@ -489,15 +491,11 @@ def test_shutdown_does_not_wait_for_a_client_that_does_not_read(tiny_package_dir
 
 
 def test_running_out_of_file_descriptors_backs_off_without_flooding_the_log(tiny_package_dir, socket_dir):
-    import resource
-
-    def low_fd_limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (60, 60))
-
     path = socket_dir / "s"
-    proc = subprocess.Popen([sys.executable, "-m", "runtime", "serve", "--model", str(tiny_package_dir), "--socket",
-                             str(path), "--ready", "--max-connections", "500"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, preexec_fn=low_fd_limit)
+    proc = subprocess.Popen(after_shell("ulimit -n 60", [sys.executable, "-m", "runtime", "serve", "--model",
+                                                         str(tiny_package_dir), "--socket", str(path), "--ready",
+                                                         "--max-connections", "500"]),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     server = Server(proc, json.loads(proc.stdout.readline()))
     clients = []
     try:

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from fixtures.child import after_shell
 
 from runtime.framing import split_lines
 from runtime.protocol import LineTooLong
@@ -126,6 +127,7 @@ def test_overlong_line_is_an_error_and_serving_continues(tiny_package_dir):
     proc = start(tiny_package_dir, "--max-line-bytes", "200")
     big = json.dumps({"id": "big", "text": "rain " * 1000}).encode()
     out, err = proc.communicate(big + b"\n" + b'{"id": "after", "text": "goal"}\n', timeout=60)
+    assert proc.returncode == 0 and b"Traceback" not in err, err
     first, second = [json.loads(line) for line in out.splitlines()]
     assert first["error"]["code"] == "line_too_long"
     assert second["id"] == "after" and second["label"] == "sports"
@@ -203,9 +205,9 @@ def test_sigterm_during_bulk_leaves_complete_lines_in_order(tiny_package_dir):
 
 
 def test_closed_stdin_is_end_of_input(tiny_package_dir):
-    proc = subprocess.Popen([sys.executable, "-m", "runtime", "--model", str(tiny_package_dir), "--ready"],
-                            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: os.close(0))
+    proc = subprocess.Popen(after_shell("exec 0<&-", [sys.executable, "-m", "runtime", "--model", str(tiny_package_dir),
+                                                      "--ready"]),
+                            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert [json.loads(line)["event"] for line in out.splitlines()] == ["ready"]
@@ -319,9 +321,10 @@ def test_full_disk_on_stdout_exits_6_with_one_line(tiny_package_dir):
 
 
 def test_closed_stdout_exits_6_with_one_line(tiny_package_dir):
-    result = subprocess.run([sys.executable, "-m", "runtime", "--model", str(tiny_package_dir), "-q"],
+    result = subprocess.run(after_shell("exec 1>&-", [sys.executable, "-m", "runtime", "--model", str(tiny_package_dir),
+                                                      "-q"]),
                             check=False, cwd=REPO, input=b'{"id": 1, "text": "rain"}\n', stderr=subprocess.PIPE,
-                            timeout=60, preexec_fn=lambda: os.close(1))
+                            timeout=60)
     assert result.returncode == 6
     lines = result.stderr.decode().splitlines()
     assert len(lines) == 1 and "stdout is closed" in lines[0]

@@ -74,6 +74,11 @@ def start(model: Path, *args: str, env: dict | None = None) -> Server:
         [sys.executable, "-m", "runtime", "serve", "--model", str(model), "--ready", *args],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **(env or {})},
     )
+    return when_ready(proc)
+
+
+def when_ready(proc: subprocess.Popen) -> Server:
+    """The server `proc` once its ready line (stdout) came, within 60 s; killed otherwise."""
     ready, _, _ = select.select([proc.stdout], [], [], 60)
     line = proc.stdout.readline() if ready else b""
     if not line:
@@ -496,7 +501,7 @@ def test_running_out_of_file_descriptors_backs_off_without_flooding_the_log(tiny
                                                          str(tiny_package_dir), "--socket", str(path), "--ready",
                                                          "--max-connections", "500"]),
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    server = Server(proc, json.loads(proc.stdout.readline()))
+    server = when_ready(proc)
     clients = []
     try:
         for _ in range(80):
@@ -543,12 +548,7 @@ def start_slow(model: Path, per_call_ms: float, per_text_ms: float, *args: str) 
 
     proc = subprocess.Popen([*slow_engine.command(per_call_ms, per_text_ms), "serve", "--model", str(model),
                              "--ready", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    ready, _, _ = select.select([proc.stdout], [], [], 60)
-    line = proc.stdout.readline() if ready else b""
-    if not line:
-        proc.kill()
-        raise AssertionError(f"server did not become ready: {proc.communicate(timeout=30)[1].decode()}")
-    return Server(proc, json.loads(line))
+    return when_ready(proc)
 
 
 def pipeline(server: Server, lines: list[bytes], pause_after: int = 0, pause_s: float = 0.0,

@@ -18,6 +18,7 @@ import random
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from runtime.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
@@ -46,8 +47,8 @@ def call_cost(engine: Engine, rounds: int) -> None:
     print("length  batch-1 ms  batch-32 ms/row  fixed cost of a call (token rows)")
     for length in (4, 8, 16, 32):
         item = Encoded((5,) * length, False)
-        one = cpu_ms(lambda: engine.run_padded([item], length), 10, rounds)
-        row = cpu_ms(lambda: engine.run_padded([item] * 32, length), 1, rounds) / 32
+        one = cpu_ms(partial(engine.run_padded, [item], length), 10, rounds)
+        row = cpu_ms(partial(engine.run_padded, [item] * 32, length), 1, rounds) / 32
         print(f"{length:6d}  {one:10.3f}  {row:15.3f}  {(one - row) / row * length:8.1f}")
 
 

@@ -39,11 +39,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from benchmarks.contenders import (WireSystem, WorkerSystem, process_tree_memory_kb, quiet_env,
-                        worker_command)
+from benchmarks.contenders import (
+    WireSystem,
+    WorkerSystem,
+    process_tree_memory_kb,
+    quiet_env,
+    worker_command,
+)
 from runtime.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
-from runtime.service import percentile
 from runtime.package import Package, load_package, read_golden, sha256_file
+from runtime.service import percentile
 
 REPO = Path(__file__).resolve().parent.parent
 SHORT_TOKENS = 16
@@ -449,7 +454,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     if leak and "growth_vs_warm_up_pct" in leak:
         add(f"RSS growth after {leak['requests']} requests via stdin ({leak['system']})", "≤ 5%",
             leak["growth_vs_warm_up_pct"], leak["growth_vs_warm_up_pct"] <= 5, "RSS at the end vs RSS after warm-up")
-        add(f"… of which after the first 1000 requests (slow leak)", "≤ 5%", leak["growth_vs_1k_pct"],
+        add("… of which after the first 1000 requests (slow leak)", "≤ 5%", leak["growth_vs_1k_pct"],
             leak["growth_vs_1k_pct"] <= 5, "RSS at the end vs RSS after 1000 requests")
     return out
 

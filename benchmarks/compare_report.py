@@ -26,7 +26,7 @@ def speed_table(report: dict[str, Any], kind: str) -> list[str]:
     for row in report["rows"]:
         if row["skipped"]:
             continue
-        one = row["cells"][f"{kind}/1"] if f"{kind}/1" in row["cells"] else None
+        one = row["cells"].get(f"{kind}/1")
         cells = [row["system"], _num(one and one["p50_ms"], 2), _num(one and one["p95_ms"], 2),
                  _num(one and one["p99_ms"], 2)]
         cells += [_num(row["cells"][f"{kind}/{b}"]["items_per_s"]) for b in batches]
@@ -47,8 +47,8 @@ def headline_tables(report: dict[str, Any]) -> list[str]:
     if not head or not head["rows"]:
         return []
     cells, best = head["cells"], head["torch_best"]
-    lines = ["PyTorch's thread count is picked per workload and precision (the faster of "
-             f"{', '.join(str(t) for t in report['torch_threads'])} threads); the chosen rows:",
+    lines = [("PyTorch's thread count is picked per workload and precision (the faster of "
+              f"{', '.join(str(t) for t in report['torch_threads'])} threads); the chosen rows:"),
              ""]
     for precision in ("fp32", "int8"):
         picks = ", ".join(f"{c} → {best[precision][c]}" for c in cells if best[precision][c])
@@ -86,33 +86,33 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Generated {report['date_utc']} UTC by `{report['command']}` in {report['run_seconds']:.0f} s.",
         "",
-        f"- CPU: {cpu['model'] or cpu['arch']} ({cpu['arch']}), {cpu['usable_cores']} usable cores; the ORT "
-        f"contenders and decide use {report['threads']} threads, PyTorch runs at "
-        f"{' and '.join(str(t) for t in report['torch_threads'])} (one row each). decide's tier: "
-        f"{report['decide_choice']['tier']}, variant {report['decide_choice']['variant']}.",
+        (f"- CPU: {cpu['model'] or cpu['arch']} ({cpu['arch']}), {cpu['usable_cores']} usable cores; the ORT "
+         f"contenders and decide use {report['threads']} threads, PyTorch runs at "
+         f"{' and '.join(str(t) for t in report['torch_threads'])} (one row each). decide's tier: "
+         f"{report['decide_choice']['tier']}, variant {report['decide_choice']['variant']}."),
         f"- CPU flags ({cpu['source']}): {' '.join(cpu['flags'])}",
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + f", decide {report['decide_version']}",
-        f"- Load average (1 min) at the end: {report['load_avg_1min_end']} on {cpu['usable_cores']} cores: the "
-        "machine is shared, so figures are medians of interleaved rounds "
-        f"({report['settings']['rounds']} rounds × {report['settings']['seconds']} s per system and cell, "
-        "system order rotated each round) and ratios are medians of per-round ratios.",
-        f"- Texts (from the package's golden set): short {texts['short']['count']} texts, "
-        f"{texts['short']['min']}–{texts['short']['max']} tokens (median {texts['short']['median']}); "
-        f"medium {texts['medium']['count']} texts, {texts['medium']['min']}–{texts['medium']['max']} tokens "
-        f"(median {texts['medium']['median']}).",
+        (f"- Load average (1 min) at the end: {report['load_avg_1min_end']} on {cpu['usable_cores']} cores: the "
+         "machine is shared, so figures are medians of interleaved rounds "
+         f"({report['settings']['rounds']} rounds × {report['settings']['seconds']} s per system and cell, "
+         "system order rotated each round) and ratios are medians of per-round ratios."),
+        (f"- Texts (from the package's golden set): short {texts['short']['count']} texts, "
+         f"{texts['short']['min']}–{texts['short']['max']} tokens (median {texts['short']['median']}); "
+         f"medium {texts['medium']['count']} texts, {texts['medium']['min']}–{texts['medium']['max']} tokens "
+         f"(median {texts['medium']['median']})."),
         "",
-        "Contenders: **PyTorch eager** = transformers tokenizer + the package's model in PyTorch (models/"
-        "classifier.py's architecture filled with the FP32 graph's own weights, benchmarks/torch_model.py), "
-        "transformers' default (sdpa) attention, padding to the longest text of a batch: **fp32**, and **int8** = PyTorch's dynamic quantization "
-        "(`torch.ao.quantization.quantize_dynamic`, every nn.Linear, qint8 weights, activation scales per call), "
-        "at each thread count (`Nt`); **bare ORT** = a plain onnxruntime script on the package's ONNX file "
-        "(benchmarks/protocol_overhead.py's BareLoop; batches padded to the longest text, as fastembed does); "
-        "**fixed-128 ORT** = the same session with every input padded to 128 tokens (julia-1 article §3.1); "
-        "**decide in-process** = runtime.engine as `decide` builds it; **decide stdin** = `python -m runtime` "
-        "over pipes (batch n = n request lines written at once; latency measured by the client); "
-        "**decide frozen** = the PyInstaller binary from the bundle zip, same way. ORT rows run every variant "
-        "of the package (int8-u8s8 and int8-u8u8: onnxruntime dynamic quantization with fixed calibrated "
-        "activation scales, models/quantize.py).",
+        ("Contenders: **PyTorch eager** = transformers tokenizer + the package's model in PyTorch (models/"
+         "classifier.py's architecture filled with the FP32 graph's own weights, benchmarks/torch_model.py), "
+         "transformers' default (sdpa) attention, padding to the longest text of a batch: **fp32**, and **int8** = PyTorch's dynamic quantization "
+         "(`torch.ao.quantization.quantize_dynamic`, every nn.Linear, qint8 weights, activation scales per call), "
+         "at each thread count (`Nt`); **bare ORT** = a plain onnxruntime script on the package's ONNX file "
+         "(benchmarks/protocol_overhead.py's BareLoop; batches padded to the longest text, as fastembed does); "
+         "**fixed-128 ORT** = the same session with every input padded to 128 tokens (julia-1 article §3.1); "
+         "**decide in-process** = runtime.engine as `decide` builds it; **decide stdin** = `python -m runtime` "
+         "over pipes (batch n = n request lines written at once; latency measured by the client); "
+         "**decide frozen** = the PyInstaller binary from the bundle zip, same way. ORT rows run every variant "
+         "of the package (int8-u8s8 and int8-u8u8: onnxruntime dynamic quantization with fixed calibrated "
+         "activation scales, models/quantize.py)."),
         "",
         "## Headline",
         "",
@@ -130,8 +130,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", f"## {kind.capitalize()} texts: latency at batch 1, throughput per batch size", "",
                   *speed_table(report, kind)]
     lines += ["", "## Memory, start-up, same answers", "",
-              "| system | load + warm-up s | RSS after warm-up MB | peak RSS MB | cold exec → first answer ms "
-              "(median) | argmax agreement | max abs Δp |",
+              ("| system | load + warm-up s | RSS after warm-up MB | peak RSS MB | cold exec → first answer ms "
+               "(median) | argmax agreement | max abs Δp |"),
               "|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
         if row["skipped"]:
@@ -140,17 +140,17 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {row['system']} | {row['load_s']:.2f} | {_mb(row['rss_after_warm_up_kb'])} | "
                      f"{_mb(row['peak_rss_kb'])} | {_num(cold.get('median_ms'), 0)} | "
                      f"{agree.get('argmax_agree', '–')} | {agree.get('max_abs_dp', '–')} |")
-    lines += ["", f"Agreement is against {report['agreement_reference']} on all short and medium texts. "
-              "RSS of decide stdin/frozen is decide's own process tree; in-process rows are a worker process "
-              "each (Python + the contender's libraries)."]
+    lines += ["", (f"Agreement is against {report['agreement_reference']} on all short and medium texts. "
+               "RSS of decide stdin/frozen is decide's own process tree; in-process rows are a worker process "
+               "each (Python + the contender's libraries).")]
     leak = report["slow_leak"]
     lines += ["", "## RSS over many requests through stdin", ""]
     if "samples" in leak:
-        lines += [f"{leak['system']}, {leak['requests']} requests piped in (every text distinct, one in 100 "
-                  f"medium), {leak['per_s']:.0f} requests/s: RSS grew {leak['growth_vs_warm_up_pct']:+.2f}% "
-                  f"from after decide's own warm-up (its ready line, batch 1 per length bucket), "
-                  f"{leak['growth_vs_1k_pct']:+.2f}% from after the first 1000 requests (piped lines are answered "
-                  "in batches of up to 32, and ORT's arena grows once to the largest batch shape it meets).", "",
+        lines += [(f"{leak['system']}, {leak['requests']} requests piped in (every text distinct, one in 100 "
+                   f"medium), {leak['per_s']:.0f} requests/s: RSS grew {leak['growth_vs_warm_up_pct']:+.2f}% "
+                   f"from after decide's own warm-up (its ready line, batch 1 per length bucket), "
+                   f"{leak['growth_vs_1k_pct']:+.2f}% from after the first 1000 requests (piped lines are answered "
+                   "in batches of up to 32, and ORT's arena grows once to the largest batch shape it meets)."), "",
                   "| answered | RSS MB | peak RSS MB |", "|---|---|---|"]
         lines += [f"| {s['answered']} | {s['rss_kb'] / MB:.1f} | {s['peak_rss_kb'] / MB:.1f} |" for s in leak["samples"]]
     else:

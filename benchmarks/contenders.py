@@ -24,9 +24,9 @@ import select
 import subprocess
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from runtime.package import load_package  # stdlib only
@@ -102,9 +102,9 @@ def bare_system(model: Path, variant: str, threads: int, fixed_length: int | Non
     """(b) protocol_overhead.BareLoop: its batch-1 call as is; batches padded to the longest text
     (fastembed's way). With fixed_length: (c) every input padded to that length (the article)."""
     import numpy as np
-    from benchmarks.protocol_overhead import BareLoop
 
-    from runtime.engine import softmax_rows  # the same post-processing as decide: not what is compared
+    from benchmarks.protocol_overhead import BareLoop
+    from runtime.engine import softmax_rows  # decide's post-processing: not what is compared
 
     bare = BareLoop(model, variant, threads)
     tokenizer = bare.tokenizer

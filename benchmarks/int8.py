@@ -38,9 +38,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 import numpy as np
 
-from runtime.package import load_package
-
 from runtime.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
+from runtime.package import load_package
 
 DEFAULT_MODEL = REPO / DEFAULT_MODEL_DIR  # the embedded default (runtime/appdir.py)
 # Held-out texts of the default: the independent writer's test set (never trained or calibrated on)
@@ -94,9 +93,9 @@ def determinism(model: Path, count: int) -> None:
 
 
 async def _socket_run(where: str, texts: list[str], others: list[str], clients: int) -> list[dict]:
-    from benchmarks.load import client, open_connection
-
     import json
+
+    from benchmarks.load import client, open_connection
 
     stop = [False]
     latencies: list[float] = []
@@ -121,7 +120,6 @@ async def _socket_run(where: str, texts: list[str], others: list[str], clients: 
 
 def socket_check(model: Path, count: int, clients: int) -> None:
     from benchmarks.load import request, start_server
-
     from runtime.engine import Engine
 
     package = load_package(model)
@@ -172,9 +170,9 @@ def speed_texts(model: Path) -> dict[str, list[list[int]]]:
 
 
 def speed(model: Path, thread_counts: list[int], rounds: int) -> None:
-    from runtime.engine import SessionSettings, session_options
-
     import onnxruntime as ort
+
+    from runtime.engine import SessionSettings, session_options
 
     package = load_package(model)
     names = list(package.manifest.variants)

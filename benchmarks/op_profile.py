@@ -24,9 +24,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 def op_times_us(model: Path, variant: str, texts: list[str], batch: int, calls: int, threads: int) -> dict[str, float]:
     """Mean microseconds per call spent in each operator type (ORT profiler, after one warm-up call)."""
-    from runtime.engine import Engine, SessionSettings, session_options
-
     import onnxruntime as ort
+
+    from runtime.engine import Engine, SessionSettings, session_options
 
     engine = Engine(load_package(model), variant, SessionSettings(threads=threads), verify=False)
     options = session_options(engine.settings)

@@ -70,8 +70,9 @@ def start_server(package: Path, work: Path, threads: int | None) -> tuple[subpro
                "--trust-key", str(work / "trusted.pub"), "--queue-size", "1024", "-q"]
     if threads:
         command += ["--threads", str(threads)]
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=open(work / "server.log", "wb"),
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    with open(work / "server.log", "wb") as log:  # the server holds its own copy of the descriptor
+        proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=log,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
     line = proc.stdout.readline()
     if not line:
         raise SystemExit(f"server did not start: {(work / 'server.log').read_text()[-2000:]}")
@@ -163,22 +164,16 @@ async def run(args: argparse.Namespace, packages: dict[str, Path], path: str) ->
     return {"tally": tally, "baseline_until": swap_phase, "windows": windows, "results": results, "stats": stats}
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered))) - 1))]
-
-
 def report(args: argparse.Namespace, outcome: dict, packages: dict[str, Path]) -> tuple[dict, bool]:
     from runtime.appdir import DEFAULT_MODEL
     from runtime.package import load_package
+    from runtime.service import percentile  # the server's own nearest-rank percentile
 
     tally: Tally = outcome["tally"]
     versions = {name: f"{load_package(p).manifest.name}@{load_package(p).manifest.version}"
                 for name, p in packages.items()}
-    baseline = [ms for sent, ms in tally.latencies if sent < outcome["baseline_until"]]
-    during = [ms for sent, ms in tally.latencies if any(a <= sent <= b for a, b in outcome["windows"])]
+    baseline = sorted(ms for sent, ms in tally.latencies if sent < outcome["baseline_until"])
+    during = sorted(ms for sent, ms in tally.latencies if any(a <= sent <= b for a, b in outcome["windows"]))
     p99_base, p99_swap = percentile(baseline, 0.99), percentile(during, 0.99)
     ratio = round(p99_swap / p99_base, 2) if p99_base and p99_swap else None
     lost = len(tally.sent) - len(tally.answered)

@@ -55,7 +55,10 @@ def torch_classifier(package: Package, variant: str = "fp32") -> TextClassifier:
     path = package.path(package.manifest.variants[variant].file)
     graph = onnx.load(str(path)).graph  # resolves embeddings.bin next to it
     weights = _weights(graph)
-    nodes = [n for n in graph.node if n.op_type in ("Attention", "MatMul", "SkipLayerNormalization", "BiasGelu")]
+    from models.novelty import PREFIX  # the novelty score's part of the graph is not the model
+
+    nodes = [n for n in graph.node if n.op_type in ("Attention", "MatMul", "SkipLayerNormalization", "BiasGelu")
+             and not any(out.startswith(PREFIX) for out in n.output)]
     attention = [n for n in nodes if n.op_type == "Attention"]
     matmuls = [n for n in nodes if n.op_type == "MatMul"]
     norms = [n for n in nodes if n.op_type == "SkipLayerNormalization"]

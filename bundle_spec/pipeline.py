@@ -32,14 +32,35 @@ from bundle_spec import qemu_user
 from bundle_spec.archive import installed_versions, print_report, size_report, write_zip
 from bundle_spec.assemble import assemble
 from bundle_spec.checks import glibc_floor, smoke_test
-from bundle_spec.common import (ARCHES, DEFAULT_CACHE, DEFAULT_MAX_GLIBC, PYTHON_PREFIX, PYTHON_SOURCE,
-                                REPO, ROOT_SUITE, STEP_CPU_SECONDS, STEP_SECONDS, Arch, BuildError, Refused,
-                                finish_steps, note, run, step, version_tuple)
+from bundle_spec.common import (
+    ARCHES,
+    DEFAULT_CACHE,
+    DEFAULT_MAX_GLIBC,
+    PYTHON_PREFIX,
+    PYTHON_SOURCE,
+    REPO,
+    ROOT_SUITE,
+    STEP_CPU_SECONDS,
+    STEP_SECONDS,
+    Arch,
+    BuildError,
+    Refused,
+    finish_steps,
+    note,
+    run,
+    step,
+    version_tuple,
+)
 from bundle_spec.freeze import freeze
 from bundle_spec.legacy import add_legacy_stack
 from bundle_spec.python import ensure_python
-from bundle_spec.root import (BuildRoot, ensure_extracted_root, ensure_native_root, hold_build_lock,
-                              host_debian_mirrors)
+from bundle_spec.root import (
+    BuildRoot,
+    ensure_extracted_root,
+    ensure_native_root,
+    hold_build_lock,
+    host_debian_mirrors,
+)
 from bundle_spec.source_tree import git_commit, inputs_digest
 from bundle_spec.wheels import ensure_venv, ensure_wheels, read_pins
 from runtime import __version__ as VERSION

@@ -19,10 +19,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bundle_spec.common import (CHROOT_ENV, PYTHON_PREFIX, PYTHON_SOURCE, PYTHON_SOURCE_SUITE, REPO,
-                                BuildError, note, run)
-from bundle_spec.root import BuildRoot, private_apt
 from bundle_spec import qemu_user
+from bundle_spec.common import (
+    CHROOT_ENV,
+    PYTHON_PREFIX,
+    PYTHON_SOURCE,
+    PYTHON_SOURCE_SUITE,
+    REPO,
+    BuildError,
+    note,
+    run,
+)
+from bundle_spec.root import BuildRoot, private_apt
 
 SPEC = REPO / "bundle_spec"
 RECIPE = [SPEC / name for name in ("build_python.sh", "python_source.sh", "glibc_floor.h", "python.py")]

@@ -178,6 +178,8 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     report = evaluate_package(args.model, args.data, args.variant, args.text_column, args.label_column,
                               latency_runs=args.latency_runs)
+    for warning in report["warnings"]:
+        print(warning, file=sys.stderr)
     print(json.dumps(report, ensure_ascii=False, indent=1) if args.json else format_evaluation(report), end="")
     return 0
 

@@ -22,6 +22,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OUTPUT = "novelty"
+PREFIX = "novelty__"  # every tensor the novelty part adds to a graph starts with this
 SHRINK = 0.1  # covariance shrinkage towards trace/D · I
 
 
@@ -71,7 +72,7 @@ def add_novelty_output(model: onnx.ModelProto, novelty: NoveltyModel, features: 
     features = features or logits_input(model)
     centroids = novelty.means @ novelty.projection
     graph = model.graph
-    name = "novelty__"
+    name = PREFIX
     graph.initializer.extend([
         numpy_helper.from_array(novelty.projection.astype(np.float16), f"{name}projection_fp16"),
         numpy_helper.from_array(np.ascontiguousarray(centroids.T, dtype=np.float32), f"{name}centroids_t"),

@@ -135,7 +135,7 @@ class Engine:
         tokenizer_path = package.path(manifest.tokenizer)
         tokenizer_json = read_tokenizer(package, verify)
         try:
-            self.encoder = TextEncoder(tokenizer_json, manifest.max_length, manifest.pad_id)
+            self.encoder = TextEncoder.shared(tokenizer_json, manifest.max_length, manifest.pad_id)
             vocabulary_size = self.encoder.tokenizer.get_vocab_size()
         except Exception as exc:  # tokenizers raises its own exception types for a broken file
             raise PackageError(f"cannot load the tokenizer {tokenizer_path}: {exc}") from exc

@@ -26,8 +26,8 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.classifier import Answer, Classifier
 from runtime.cgroup import cpu_budget
+from runtime.classifier import Answer, Classifier
 from runtime.protocol import INTERNAL_ERROR
 
 PROCESS_CORES = 4

@@ -21,6 +21,7 @@ directory (runtime/watch.py). Stdlib only at import; the engine comes from `buil
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +37,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("decide")
 
 MAX_MESSAGE_CHARS = 500
+# While a candidate loads, the interpreter hands its lock over every 0.5 ms instead of 5: the
+# candidate's Python work (hashing loops, selftest, JSON) would otherwise make each of the serving
+# threads' many small lock acquisitions per request wait up to 5 ms (a convoy).
+SWAP_SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,8 @@ class Swapper:
     def _load(self, path: Path, cause: str, done: Callable[[Outcome], None] | None) -> None:
         started = time.perf_counter()
         outcome: Outcome
+        interval = sys.getswitchinterval()  # one reload at a time: restored by the one that set it
+        sys.setswitchinterval(min(interval, SWAP_SWITCH_INTERVAL_S))
         try:
             assert self.build is not None
             loaded = self.build(path)
@@ -136,6 +143,7 @@ class Swapper:
             outcome = self._record(Outcome("reload", cause, True, loaded.model, path=str(path),
                                            previous=self.previous.model if self.previous else None, ms=_ms(started)))
         finally:
+            sys.setswitchinterval(interval)
             with self.lock:
                 self.loading = None
         if done is not None:

@@ -7,9 +7,12 @@ to the largest shape and never shrinks) while short texts stay cheap.
 
 from __future__ import annotations
 
-import json
+import hashlib
+import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -65,13 +68,27 @@ class Encoded:
     unknown_share: float = 0.0
 
 
+# Characters of the supplementary private-use planes: in no vocabulary, so a model with an
+# unknown piece gives them its id.
+UNKNOWN_PROBES = ("\U000f0000", "\U0010fffd")
+
+
 def unknown_token_id(tokenizer: Tokenizer) -> int | None:
-    """The id the tokenizer's model gives characters it has no piece for (None if it has none)."""
-    model = json.loads(tokenizer.to_str()).get("model", {})
-    if isinstance(model.get("unk_id"), int):  # Unigram
-        return model["unk_id"]
-    token = model.get("unk_token")  # WordLevel, WordPiece, BPE
-    return tokenizer.token_to_id(token) if isinstance(token, str) else None
+    """The id the tokenizer's model gives characters it has no piece for (None if it has none:
+    byte-level BPE, byte fallback).
+
+    Asked of the model object, not of its JSON: serialising and parsing a 2 MB tokenizer holds
+    the interpreter lock for ~0.2 s, which stalled every answer while a live swap loaded a package."""
+    model = tokenizer.model
+    token = getattr(model, "unk_token", None)  # WordLevel, WordPiece, BPE
+    if isinstance(token, str):
+        return tokenizer.token_to_id(token)
+    try:  # Unigram does not expose unk_id: it is what an unseen character becomes
+        found = [model.tokenize(probe) for probe in UNKNOWN_PROBES]
+    except Exception:  # noqa: BLE001 — tokenizers raises its own types for "no unk_id"
+        return None
+    ids = {tokens[0].id for tokens in found if len(tokens) == 1}
+    return ids.pop() if len(ids) == 1 and all(len(tokens) == 1 for tokens in found) else None
 
 
 def unknown_share(text: str, ids: Sequence[int], offsets: Sequence[tuple[int, int]],
@@ -92,6 +109,25 @@ def unknown_share(text: str, ids: Sequence[int], offsets: Sequence[tuple[int, in
 
 class TextEncoder:
     """A `tokenizers` tokenizer with truncation to the model's max length; padding done here."""
+
+    _shared: ClassVar[weakref.WeakValueDictionary[tuple, TextEncoder]] = weakref.WeakValueDictionary()
+    _shared_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    @classmethod
+    def shared(cls, tokenizer_json: str, max_length: int, pad_id: int) -> TextEncoder:
+        """The encoder of an engine alive in this process with the very same tokenizer text and
+        settings, else a new one. Building a tokenizer holds the interpreter lock (~0.3 s for the
+        default's 60k pieces: `tokenizers` parses and builds without releasing it), so a live swap
+        between packages of one tokenizer (a retrained head, a rollback) must not build it again
+        while the served model answers. Encoders are read-only after construction."""
+        key = (hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest(), max_length, pad_id)
+        with cls._shared_lock:
+            encoder = cls._shared.get(key)
+        if encoder is None:
+            encoder = cls(tokenizer_json, max_length, pad_id)
+            with cls._shared_lock:
+                encoder = cls._shared.setdefault(key, encoder)
+        return encoder
 
     def __init__(self, tokenizer_json: str, max_length: int, pad_id: int):
         """`tokenizer_json`: the text of a tokenizer.json (read and verified by the caller, so

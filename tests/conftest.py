@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from fixtures import tiny_package  # tests/ is on sys.path: pytest's rootdir-relative import
 from strict_mode import pytest_runtest_makereport  # noqa: F401  (the hook, registered here)
+
 from runtime.appdir import DEFAULT_MODEL
 
 REPO = Path(__file__).resolve().parent.parent

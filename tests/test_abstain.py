@@ -10,8 +10,8 @@ import json
 import shutil
 
 import pytest
-
 from fixtures import tiny_package
+
 from runtime.abstain import AbstentionPolicy, decide
 from runtime.engine import Engine
 from runtime.package import MANIFEST_NAME, PackageError, load_package

@@ -18,13 +18,21 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from zips import MODEL_DIR, zip_of_this_tree
 
 from bundle_spec import qemu_user
 from bundle_spec.checks import glibc_floor
-from bundle_spec.common import ARCHES, CHROOT_ENV, DEFAULT_CACHE, DEFAULT_MAX_GLIBC, BuildError, Refused, version_tuple
+from bundle_spec.common import (
+    ARCHES,
+    CHROOT_ENV,
+    DEFAULT_CACHE,
+    DEFAULT_MAX_GLIBC,
+    BuildError,
+    Refused,
+    version_tuple,
+)
 from bundle_spec.root import BuildRoot, ensure_clean_root, host_debian_mirrors
 from runtime.package import sha256_file
-from zips import MODEL_DIR, zip_of_this_tree
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_NAME = MODEL_DIR.name

@@ -13,13 +13,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from zips import zip_of_this_tree
 
 from bundle_spec import elf, matrix
 from bundle_spec.common import ARCHES, DEFAULT_MAX_GLIBC, version_tuple
 from bundle_spec.python import check_extension_modules
 from bundle_spec.root import BuildRoot
 from runtime.package import sha256_file
-from zips import zip_of_this_tree
 
 pytestmark = pytest.mark.heavy
 

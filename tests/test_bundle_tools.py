@@ -14,7 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from bundle_spec import archive, assemble, checks, common, elf, matrix, pipeline, python, root, wheels
+from bundle_spec import (
+    archive,
+    assemble,
+    checks,
+    common,
+    elf,
+    matrix,
+    pipeline,
+    python,
+    root,
+    wheels,
+)
 from bundle_spec.common import ARCHES, BuildError, Refused, version_tuple
 
 REPO = Path(__file__).resolve().parent.parent

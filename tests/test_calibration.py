@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fixtures import tiny_package
 
 REPO = Path(__file__).resolve().parent.parent
@@ -18,8 +17,8 @@ TEXTS = ["the rain and the wind", "le serveur", "the team scored a goal", "rain 
 
 
 def decide(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "runtime", *args], cwd=REPO, input=stdin, capture_output=True,
-                          env={**os.environ, "DECIDE_VARIANT": "fp32"}, timeout=120)
+    return subprocess.run([sys.executable, "-m", "runtime", *args], check=False, cwd=REPO, input=stdin,
+                          capture_output=True, env={**os.environ, "DECIDE_VARIANT": "fp32"}, timeout=120)
 
 
 def with_calibration(source: Path, target: Path, calibration: object) -> Path:

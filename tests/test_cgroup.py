@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from fixtures.child import after_shell
 
 from runtime import cgroup, cli
 from runtime.cgroup import (
@@ -147,9 +149,10 @@ def test_a_real_one_cpu_cgroup_gives_one_thread_and_one_worker(tiny_package_dir)
     if group is None:
         pytest.skip("no writable cgroup v1 cpu hierarchy here (needs root); the fake trees above cover the logic")
     try:
-        result = subprocess.run([sys.executable, "-m", "runtime", "info", "--json", "--model", str(tiny_package_dir)],
-                                cwd=REPO, capture_output=True, timeout=60, check=False,
-                                preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+        join = f"echo $$ > {shlex.quote(str(group / 'cgroup.procs'))}"  # sh's pid is decide's after exec
+        result = subprocess.run(after_shell(join, [sys.executable, "-m", "runtime", "info", "--json", "--model",
+                                                   str(tiny_package_dir)]),
+                                cwd=REPO, capture_output=True, timeout=60, check=False)
         report = json.loads(result.stdout)
         assert (report["threads"], report["workers"]) == (1, 1), report["cpu"]
         assert "cgroup v1" in report["cpu"]["cores_source"], report["cpu"]

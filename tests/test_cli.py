@@ -7,19 +7,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fixtures.child import after_shell
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 def decide(*args: str, env: dict | None = None, stdin: bytes = b"") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "runtime", *args], cwd=REPO, input=stdin, capture_output=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
+    return subprocess.run([sys.executable, "-m", "runtime", *args], check=False, cwd=REPO, input=stdin,
+                          capture_output=True, env={**os.environ, **(env or {})}, timeout=120)
 
 
 def test_cpu_without_sse3_is_refused_before_numpy_is_imported(tiny_package_dir):
     code = ("import sys; from runtime.cli import main; rc = main(['--model', sys.argv[1]]); "
             "sys.stderr.write(f'RESULT {rc} {\"numpy\" in sys.modules} {\"onnxruntime\" in sys.modules}')")
-    out = subprocess.run([sys.executable, "-c", code, str(tiny_package_dir)], cwd=REPO, capture_output=True,
-                         text=True, env={**os.environ, "DECIDE_FAKE_CPU": "x86_64:sse,sse2"}, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code, str(tiny_package_dir)], check=False, cwd=REPO,
+                         capture_output=True, text=True, env={**os.environ, "DECIDE_FAKE_CPU": "x86_64:sse,sse2"},
+                         timeout=60)
     assert "RESULT 3 False False" in out.stderr
     message = [line for line in out.stderr.splitlines() if line.startswith("decide:")]
     assert len(message) == 1 and "lacks pni" in message[0] and "SSE3" in message[0]
@@ -91,8 +94,9 @@ def test_selftest_passes_on_every_variant(tiny_package_dir):
 
 
 def test_selftest_failure_exits_5(tiny_package_dir, tmp_path):
-    from runtime.package import file_entry, load_package, write_manifest
     import dataclasses
+
+    from runtime.package import file_entry, load_package, write_manifest
 
     copy = shutil.copytree(tiny_package_dir, tmp_path / "pkg")
     golden = copy / "golden.jsonl"
@@ -141,19 +145,21 @@ def test_workers_flag_reaches_the_engine_and_is_checked(tiny_package_dir):
 
 def test_embedding_example_runs_against_a_package(tiny_package_dir):
     result = subprocess.run([sys.executable, "examples/embed.py", "--model", str(tiny_package_dir), "rain and snow",
-                             "Pumpe 3: Vibration über Grenzwert"], cwd=REPO, capture_output=True, text=True, timeout=60)
+                             "Pumpe 3: Vibration über Grenzwert"], check=False, cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert [line.split()[0] for line in result.stdout.splitlines()] == ["weather", "tech"]
 
 
 def test_reports_to_a_full_or_closed_stdout_exit_6_with_one_line(tiny_package_dir):
     with open("/dev/full", "wb") as full:
-        result = subprocess.run([sys.executable, "-m", "runtime", "info", "--model", str(tiny_package_dir)], cwd=REPO,
-                                stdout=full, stderr=subprocess.PIPE, timeout=60)
+        result = subprocess.run([sys.executable, "-m", "runtime", "info", "--model", str(tiny_package_dir)],
+                                check=False, cwd=REPO, stdout=full, stderr=subprocess.PIPE, timeout=60)
     assert result.returncode == 6
     assert result.stderr.decode().splitlines() == ["decide: cannot write answers to stdout: No space left on device"]
-    result = subprocess.run([sys.executable, "-m", "runtime", "info", "--json", "--model", str(tiny_package_dir)],
-                            cwd=REPO, stderr=subprocess.PIPE, timeout=60, preexec_fn=lambda: os.close(1))
+    result = subprocess.run(after_shell("exec 1>&-", [sys.executable, "-m", "runtime", "info", "--json", "--model",
+                                                      str(tiny_package_dir)]),
+                            check=False, cwd=REPO, stderr=subprocess.PIPE, timeout=60)
     assert result.returncode == 6 and len(result.stderr.decode().splitlines()) == 1
 
 
@@ -177,11 +183,12 @@ def test_a_bug_is_one_stderr_line_and_exit_1():
             "cli.HANDLERS['info'] = broken\n"
             "sys.exit(cli.main(['info']))")
     env = {k: v for k, v in os.environ.items() if k != "DECIDE_DEBUG"}
-    plain = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env, timeout=60)
+    plain = subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO, capture_output=True, text=True,
+                           env=env, timeout=60)
     assert plain.returncode == 1
     assert "RuntimeError: kaputt" in plain.stderr and "Traceback" not in plain.stderr
     assert len(plain.stderr.strip().splitlines()) == 1
-    debug = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+    debug = subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO, capture_output=True, text=True,
                            env={**env, "DECIDE_DEBUG": "1"}, timeout=60)
     assert debug.returncode == 1 and "Traceback" in debug.stderr
 

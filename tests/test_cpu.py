@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from cpuinfo import cpuinfo
 
+from runtime.cgroup import CpuBudget, cpu_budget
 from runtime.cpu import (
     CpuFeatures,
     drop_unusable_vector_flags,
@@ -20,7 +21,6 @@ from runtime.cpu import (
     probe,
     x86_flags_from,
 )
-from runtime.cgroup import CpuBudget, cpu_budget
 from runtime.tiers import load_platform, select
 
 REPO = Path(__file__).resolve().parent.parent

@@ -5,11 +5,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from transformers import BertConfig, BertModel  # noqa: E402
+from transformers import BertConfig, BertModel
 
-from models.classifier import MeanFeatureHead, TextClassifier  # noqa: E402
-from models.distill import cached_teacher_features, distill, fit_linear, student_features  # noqa: E402
-from models.recipes import DistillConfig  # noqa: E402
+from models.classifier import MeanFeatureHead, TextClassifier
+from models.distill import cached_teacher_features, distill, fit_linear, student_features
+from models.recipes import DistillConfig
 
 PAD = 1
 

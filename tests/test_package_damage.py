@@ -146,8 +146,8 @@ def test_damaged_package_exits_4_with_one_line(tiny_package_dir, tmp_path, case)
     damage, variant = CASES[case]
     root = damaged_copy(tiny_package_dir, tmp_path, damage)
     result = subprocess.run([sys.executable, "-m", "runtime", "--model", str(root), "--variant", variant],
-                            cwd=REPO, input=b'{"id": 1, "text": "rain"}\n', capture_output=True, timeout=120,
-                            env={**os.environ, "DECIDE_TIER": ""})
+                            check=False, cwd=REPO, input=b'{"id": 1, "text": "rain"}\n', capture_output=True,
+                            timeout=120, env={**os.environ, "DECIDE_TIER": ""})
     err = result.stderr.decode()
     assert result.returncode == 4, (result.returncode, err, result.stdout)
     assert result.stdout == b"", "nothing may be served from a damaged package"
@@ -170,7 +170,7 @@ def test_the_line_names_the_file_or_field(tiny_package_dir, tmp_path, case, expe
     else:
         root = damaged_copy(tiny_package_dir, tmp_path, CASES[case][0])
     result = subprocess.run([sys.executable, "-m", "runtime", "--model", str(root), "--variant", "fp32"],
-                            cwd=REPO, input=b"", capture_output=True, timeout=120)
+                            check=False, cwd=REPO, input=b"", capture_output=True, timeout=120)
     assert result.returncode == 4
     assert expected in result.stderr.decode(), result.stderr.decode()
 
@@ -185,7 +185,7 @@ def test_optional_fields_may_be_absent(tiny_package_dir, tmp_path):
                 if key != "data_files" or not variant[key]:
                     variant.pop(key, None)
     root = damaged_copy(tiny_package_dir, tmp_path, drop_optional)
-    result = subprocess.run([sys.executable, "-m", "runtime", "--model", str(root)], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "runtime", "--model", str(root)], check=False, cwd=REPO,
                             input=b'{"id": 1, "text": "rain"}\n', capture_output=True, timeout=120)
     assert result.returncode == 0, result.stderr.decode()
     assert json.loads(result.stdout)["label"] == "weather"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import socket
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import onnx
 import pytest
+from fixtures.child import after_shell
 
 from runtime.manifest import MAX_LABEL_CHARS, read_manifest
 from runtime.package import PackageError, file_entry, load_package, write_manifest
@@ -33,13 +33,11 @@ MEMORY_LIMIT = 512 << 20  # address space for a refused run: reading /dev/zero o
 def run_decide(root: Path, *args: str, timeout: float = 60, bounded: bool = False) -> subprocess.CompletedProcess:
     """decide on `root`; bounded=True runs it under MEMORY_LIMIT (a package error is found before
     numpy and onnxruntime are imported, so nothing legitimate needs more)."""
-    def limit_memory() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-
-    return subprocess.run([sys.executable, "-m", "runtime", "--model", str(root), "--variant", "fp32", *args],
-                          check=False, cwd=REPO, input=b'{"id": 1, "text": "rain"}\n', capture_output=True,
-                          timeout=timeout,
-                          env={**os.environ, "DECIDE_TIER": ""}, preexec_fn=limit_memory if bounded else None)
+    command = [sys.executable, "-m", "runtime", "--model", str(root), "--variant", "fp32", *args]
+    if bounded:
+        command = after_shell(f"ulimit -v {MEMORY_LIMIT >> 10}", command)  # KiB, soft and hard
+    return subprocess.run(command, check=False, cwd=REPO, input=b'{"id": 1, "text": "rain"}\n', capture_output=True,
+                          timeout=timeout, env={**os.environ, "DECIDE_TIER": ""})
 
 
 def assert_refused(result: subprocess.CompletedProcess, *words: str) -> str:

@@ -53,3 +53,16 @@ def test_no_module_outside_tests_imports_from_tests() -> None:
                        if p.relative_to(REPO).parts[0] != "tests"
                        and re.search(r"^\s*(from|import) tests\b|/ \"tests\"", p.read_text(encoding="utf-8"), re.MULTILINE))
     assert importing == []
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    """The README promises `.ci/run` runs its test command (lint, then pytest): the two lines must
+    not drift apart."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    (command,) = re.findall(r"^    (python3 -m pip install -e '\.\[dev\]' .*)$", readme, re.MULTILINE)
+    ci_lines = [line for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+                if line.strip() and not line.startswith("#")]
+    assert ci_lines[-1] == command
+    assert "python3 -m ruff check ." in command.split(" && ")
+    pins = (REPO / "requirements-dev.txt").read_text(encoding="utf-8")
+    assert re.search(r"^ruff==\d+\.\d+\.\d+\b", pins, re.MULTILINE)

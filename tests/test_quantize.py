@@ -10,8 +10,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from models.quantize import (fp32_without_fp16_storage, quantize_dynamic_graph, quantize_variants,
-                             uint8_scale, VARIANTS_BY_NAME)
+from models.quantize import (
+    VARIANTS_BY_NAME,
+    fp32_without_fp16_storage,
+    quantize_dynamic_graph,
+    quantize_variants,
+    uint8_scale,
+)
 
 VOCAB, HIDDEN, CLASSES = 40, 16, 4
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures.child import after_shell
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS = {"rain": "weather", "goal": "sports", "server": "tech", "der Regen und die Sonne": "weather",
@@ -73,6 +74,11 @@ def start(model: Path, *args: str, env: dict | None = None) -> Server:
         [sys.executable, "-m", "runtime", "serve", "--model", str(model), "--ready", *args],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **(env or {})},
     )
+    return when_ready(proc)
+
+
+def when_ready(proc: subprocess.Popen) -> Server:
+    """The server `proc` once its ready line (stdout) came, within 60 s; killed otherwise."""
     ready, _, _ = select.select([proc.stdout], [], [], 60)
     line = proc.stdout.readline() if ready else b""
     if not line:
@@ -187,7 +193,7 @@ def test_tcp_loopback_with_concurrent_clients(tiny_package_dir):
 
 def test_non_loopback_tcp_is_refused_without_allow_remote(tiny_package_dir):
     proc = subprocess.run([sys.executable, "-m", "runtime", "serve", "--model", str(tiny_package_dir),
-                           "--tcp", "0.0.0.0:0"], cwd=REPO, capture_output=True, timeout=60)
+                           "--tcp", "0.0.0.0:0"], check=False, cwd=REPO, capture_output=True, timeout=60)
     assert proc.returncode == 2
     assert b"--allow-remote" in proc.stderr
 
@@ -196,6 +202,7 @@ def test_allow_remote_binds_with_a_warning(tiny_package_dir):
     server = start(tiny_package_dir, "--tcp", "0.0.0.0:0", "--allow-remote")
     try:
         host, port = server.address
+        assert host == "0.0.0.0"  # every interface, as asked
         server.address = ("127.0.0.1", port)
         assert server.exchange([b'{"id": 1, "text": "rain"}'])[0]["label"] == "weather"
     finally:
@@ -316,7 +323,7 @@ def test_stale_socket_is_replaced_but_a_live_one_or_a_file_is_not(tiny_package_d
     try:
         assert server.exchange([b'{"id": 1, "text": "rain"}'])[0]["label"] == "weather"
         second = subprocess.run([sys.executable, "-m", "runtime", "serve", "--model", str(tiny_package_dir),
-                                 "--socket", str(path)], cwd=REPO, capture_output=True, timeout=60)
+                                 "--socket", str(path)], check=False, cwd=REPO, capture_output=True, timeout=60)
         assert second.returncode == 2 and b"another server is listening" in second.stderr
         assert server.exchange([b'{"id": 2, "text": "goal"}'])[0]["label"] == "sports"  # still ours
     finally:
@@ -324,7 +331,7 @@ def test_stale_socket_is_replaced_but_a_live_one_or_a_file_is_not(tiny_package_d
     regular = socket_dir / "not-a-socket"
     regular.write_text("keep me")
     refused = subprocess.run([sys.executable, "-m", "runtime", "serve", "--model", str(tiny_package_dir),
-                              "--socket", str(regular)], cwd=REPO, capture_output=True, timeout=60)
+                              "--socket", str(regular)], check=False, cwd=REPO, capture_output=True, timeout=60)
     assert refused.returncode == 2 and regular.read_text() == "keep me"
 
 
@@ -378,7 +385,7 @@ def test_load_benchmark_reports_every_level(tiny_package_dir, client):
         pytest.skip("no C compiler (cc): the C load client of benchmarks/loadclient.c is not tested")
     out = subprocess.run([sys.executable, "benchmarks/load.py", "--model", str(tiny_package_dir), "--clients", "1,3",
                           "--seconds", "0.6", "--warm", "0.1", "--rounds", "2", "--json", "--client", client],
-                         cwd=REPO, capture_output=True, timeout=120)
+                         check=False, cwd=REPO, capture_output=True, timeout=120)
     assert out.returncode == 0, out.stderr.decode()
     rows = json.loads(out.stdout)["rows"]
     assert [r["clients"] for r in rows] == [1, 3]
@@ -412,7 +419,7 @@ def test_a_model_that_fails_to_load_exits_4_and_leaves_no_socket(tiny_package_di
             fh.write(b"x")  # the manifest still loads; the engine's checksum check fails after binding
     path = socket_dir / "s"
     proc = subprocess.run([sys.executable, "-m", "runtime", "serve", "--model", str(broken), "--socket", str(path)],
-                          cwd=REPO, capture_output=True, timeout=60)
+                          check=False, cwd=REPO, capture_output=True, timeout=60)
     assert proc.returncode == 4, proc.stderr.decode()
     assert b"model package error" in proc.stderr
     assert not path.exists()
@@ -422,8 +429,8 @@ def test_a_model_that_fails_to_load_exits_4_and_leaves_no_socket(tiny_package_di
 
 
 def serve_refused(model: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "runtime", "serve", "--model", str(model), *args], cwd=REPO,
-                          capture_output=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "runtime", "serve", "--model", str(model), *args],
+                          check=False, cwd=REPO, capture_output=True, timeout=60)
 
 
 def test_bad_socket_paths_are_usage_errors_with_one_clear_line(tiny_package_dir, tmp_path):
@@ -489,16 +496,12 @@ def test_shutdown_does_not_wait_for_a_client_that_does_not_read(tiny_package_dir
 
 
 def test_running_out_of_file_descriptors_backs_off_without_flooding_the_log(tiny_package_dir, socket_dir):
-    import resource
-
-    def low_fd_limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (60, 60))
-
     path = socket_dir / "s"
-    proc = subprocess.Popen([sys.executable, "-m", "runtime", "serve", "--model", str(tiny_package_dir), "--socket",
-                             str(path), "--ready", "--max-connections", "500"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, preexec_fn=low_fd_limit)
-    server = Server(proc, json.loads(proc.stdout.readline()))
+    proc = subprocess.Popen(after_shell("ulimit -n 60", [sys.executable, "-m", "runtime", "serve", "--model",
+                                                         str(tiny_package_dir), "--socket", str(path), "--ready",
+                                                         "--max-connections", "500"]),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    server = when_ready(proc)
     clients = []
     try:
         for _ in range(80):
@@ -545,12 +548,7 @@ def start_slow(model: Path, per_call_ms: float, per_text_ms: float, *args: str) 
 
     proc = subprocess.Popen([*slow_engine.command(per_call_ms, per_text_ms), "serve", "--model", str(model),
                              "--ready", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    ready, _, _ = select.select([proc.stdout], [], [], 60)
-    line = proc.stdout.readline() if ready else b""
-    if not line:
-        proc.kill()
-        raise AssertionError(f"server did not become ready: {proc.communicate(timeout=30)[1].decode()}")
-    return Server(proc, json.loads(line))
+    return when_ready(proc)
 
 
 def pipeline(server: Server, lines: list[bytes], pause_after: int = 0, pause_s: float = 0.0,

@@ -9,10 +9,10 @@ import time
 import pytest
 
 from runtime import sdnotify
-from runtime.protocol import ClassifyRequest
+from runtime.admission import Pending, RequestQueue
 from runtime.framing import LineSplitter, split_lines
 from runtime.listen import ListenError, check_socket_directory, is_loopback, parse_tcp_address
-from runtime.admission import Pending, RequestQueue
+from runtime.protocol import ClassifyRequest
 from runtime.serverstats import parse_proc_status
 from runtime.service import percentile
 

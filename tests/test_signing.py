@@ -89,7 +89,7 @@ def other_key(tmp_path_factory) -> tuple[Path, Path]:
 def minisign() -> str:
     """The stock minisign (Debian's package), installed with apt if missing and possible."""
     if shutil.which("minisign") is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "install", "-y", "-qq", "minisign"], capture_output=True, timeout=300)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "minisign"], check=False, capture_output=True, timeout=300)
     path = shutil.which("minisign")
     if path is None:
         pytest.skip("SKIPPED LOUDLY: the stock minisign is not installed and `apt-get install minisign` failed; "
@@ -116,13 +116,13 @@ def test_stock_minisign_verifies_our_signature_and_signs_with_our_key(tmp_path, 
     key, public = key_pair
     package = signed_copy(tiny_package_dir, tmp_path, key)
     done = subprocess.run([minisign, "-Vm", str(package / "manifest.json"), "-p", str(public),
-                           "-x", str(package / SIGNATURE_NAME)], capture_output=True, text=True)
+                           "-x", str(package / SIGNATURE_NAME)], check=False, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "package:tiny-keywords 0.0.1\ttest build" in done.stdout
     # and the other way round: minisign signs with a key from `models keygen`, decide verifies
     (package / SIGNATURE_NAME).unlink()
     done = subprocess.run([minisign, "-S", "-s", str(key), "-m", str(package / "manifest.json")],
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+                          check=False, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr
     loaded = load_package(package)
     signer = check_signature(package, loaded.manifest_bytes, loaded.signature, TrustedKeys.configured([public]))
@@ -131,11 +131,11 @@ def test_stock_minisign_verifies_our_signature_and_signs_with_our_key(tmp_path, 
 
 def test_a_key_made_by_minisign_signs_packages(tmp_path, tiny_package_dir, minisign):
     done = subprocess.run([minisign, "-G", "-W", "-p", str(tmp_path / "m.pub"), "-s", str(tmp_path / "m.key")],
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+                          check=False, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr
     package = signed_copy(tiny_package_dir, tmp_path, tmp_path / "m.key")
     assert subprocess.run([minisign, "-Vm", str(package / "manifest.json"), "-p", str(tmp_path / "m.pub")],
-                          capture_output=True).returncode == 0
+                          check=False, capture_output=True).returncode == 0
 
 
 def test_sign_refuses_a_package_whose_files_do_not_match(tmp_path, tiny_package_dir, key_pair):
@@ -154,13 +154,13 @@ def test_models_cli_keygen_and_sign(tmp_path, tiny_package_dir):
     shutil.copytree(tiny_package_dir, package)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     made = subprocess.run([sys.executable, "-m", "models", "keygen", "--key", str(tmp_path / "k.key")],
-                          capture_output=True, text=True, cwd=REPO, env=env)
+                          check=False, capture_output=True, text=True, cwd=REPO, env=env)
     assert made.returncode == 0 and (tmp_path / "k.pub").is_file(), made.stderr
     signed = subprocess.run([sys.executable, "-m", "models", "sign", str(package), "--key", str(tmp_path / "k.key")],
-                            capture_output=True, text=True, cwd=REPO, env=env)
+                            check=False, capture_output=True, text=True, cwd=REPO, env=env)
     assert signed.returncode == 0 and (package / SIGNATURE_NAME).is_file(), signed.stderr
     again = subprocess.run([sys.executable, "-m", "models", "keygen", "--key", str(tmp_path / "k.key")],
-                           capture_output=True, text=True, cwd=REPO, env=env)
+                           check=False, capture_output=True, text=True, cwd=REPO, env=env)
     assert again.returncode == 2 and again.stderr.count("\n") == 1 and "exists" in again.stderr
 
 
@@ -262,7 +262,7 @@ def test_a_bad_trusted_key_is_a_usage_error(tmp_path, tiny_package_dir, content)
 def test_refused_at_start_of_serve_with_exit_4_and_one_line(tmp_path, tiny_package_dir, key_pair):
     package = signed_copy(tiny_package_dir, tmp_path, key_pair[0])
     (package / SIGNATURE_NAME).unlink()
-    done = subprocess.run([sys.executable, "-m", "runtime", "--model", str(package)], input=b"",
+    done = subprocess.run([sys.executable, "-m", "runtime", "--model", str(package)], check=False, input=b"",
                           capture_output=True, cwd=REPO, env={**os.environ, "DECIDE_TRUST_KEYS": str(key_pair[1])})
     assert done.returncode == 4, done.stderr
     lines = done.stderr.decode().splitlines()

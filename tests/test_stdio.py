@@ -11,9 +11,10 @@ import threading
 from pathlib import Path
 
 import pytest
+from fixtures.child import after_shell
 
-from runtime.protocol import LineTooLong
 from runtime.framing import split_lines
+from runtime.protocol import LineTooLong
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -126,6 +127,7 @@ def test_overlong_line_is_an_error_and_serving_continues(tiny_package_dir):
     proc = start(tiny_package_dir, "--max-line-bytes", "200")
     big = json.dumps({"id": "big", "text": "rain " * 1000}).encode()
     out, err = proc.communicate(big + b"\n" + b'{"id": "after", "text": "goal"}\n', timeout=60)
+    assert proc.returncode == 0 and b"Traceback" not in err, err
     first, second = [json.loads(line) for line in out.splitlines()]
     assert first["error"]["code"] == "line_too_long"
     assert second["id"] == "after" and second["label"] == "sports"
@@ -134,20 +136,21 @@ def test_overlong_line_is_an_error_and_serving_continues(tiny_package_dir):
 def test_utf8_regardless_of_locale(tiny_package_dir):
     proc = start(tiny_package_dir, env={"LC_ALL": "C", "LANG": "C", "PYTHONIOENCODING": "",
                                         "PYTHONUTF8": "0"})
-    request = '{"id": "雨-1", "text": "雨"}\n{"id": "latin", "text": "\xff"}\n'.encode("utf-8")
+    request = '{"id": "雨-1", "text": "雨"}\n{"id": "latin", "text": "\xff"}\n'.encode()
     out, err = proc.communicate(request + b'{"id": 2, "text": "\xc3"}\n', timeout=60)
     lines = out.splitlines()
     assert proc.returncode == 0, err
     first = json.loads(lines[0].decode("utf-8"))
     assert first["id"] == "雨-1" and first["label"] == "weather"
-    assert "雨".encode("utf-8") in lines[0]  # raw UTF-8 on the wire, not \u escapes
+    assert "雨".encode() in lines[0]  # raw UTF-8 on the wire, not \u escapes
     assert json.loads(lines[2])["error"]["code"] == "invalid_utf8"
 
 
 def test_stray_prints_cannot_reach_the_wire():
     code = ("import os; from runtime.stdio import protect_stdout; from runtime.framing import write_all; w = protect_stdout(); "
             "print('stray print'); os.write(1, b'stray fd write\\n'); write_all(w, b'wire\\n')")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, timeout=30)
+    out = subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO, capture_output=True, timeout=30)
+    assert out.returncode == 0, out.stderr
     assert out.stdout == b"wire\n"
     assert b"stray print" in out.stderr and b"stray fd write" in out.stderr
 
@@ -202,9 +205,9 @@ def test_sigterm_during_bulk_leaves_complete_lines_in_order(tiny_package_dir):
 
 
 def test_closed_stdin_is_end_of_input(tiny_package_dir):
-    proc = subprocess.Popen([sys.executable, "-m", "runtime", "--model", str(tiny_package_dir), "--ready"],
-                            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: os.close(0))
+    proc = subprocess.Popen(after_shell("exec 0<&-", [sys.executable, "-m", "runtime", "--model", str(tiny_package_dir),
+                                                      "--ready"]),
+                            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert [json.loads(line)["event"] for line in out.splitlines()] == ["ready"]
@@ -310,16 +313,18 @@ def test_non_blocking_stdout_gets_whole_lines(tiny_package_dir):
 
 def test_full_disk_on_stdout_exits_6_with_one_line(tiny_package_dir):
     with open("/dev/full", "wb") as full:
-        result = subprocess.run([sys.executable, "-m", "runtime", "--model", str(tiny_package_dir), "-q"], cwd=REPO,
-                                input=b'{"id": 1, "text": "rain"}\n', stdout=full, stderr=subprocess.PIPE, timeout=60)
+        result = subprocess.run([sys.executable, "-m", "runtime", "--model", str(tiny_package_dir), "-q"],
+                                check=False, cwd=REPO, input=b'{"id": 1, "text": "rain"}\n', stdout=full,
+                                stderr=subprocess.PIPE, timeout=60)
     assert result.returncode == 6
     assert result.stderr.decode().splitlines() == ["decide: cannot write answers to stdout: No space left on device"]
 
 
 def test_closed_stdout_exits_6_with_one_line(tiny_package_dir):
-    result = subprocess.run([sys.executable, "-m", "runtime", "--model", str(tiny_package_dir), "-q"], cwd=REPO,
-                            input=b'{"id": 1, "text": "rain"}\n', stderr=subprocess.PIPE, timeout=60,
-                            preexec_fn=lambda: os.close(1))
+    result = subprocess.run(after_shell("exec 1>&-", [sys.executable, "-m", "runtime", "--model", str(tiny_package_dir),
+                                                      "-q"]),
+                            check=False, cwd=REPO, input=b'{"id": 1, "text": "rain"}\n', stderr=subprocess.PIPE,
+                            timeout=60)
     assert result.returncode == 6
     lines = result.stderr.decode().splitlines()
     assert len(lines) == 1 and "stdout is closed" in lines[0]

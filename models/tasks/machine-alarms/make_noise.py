@@ -22,9 +22,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SEED = 13
 PER_KIND = 24
-LOREM = ("lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore et "
-         "dolore magna aliqua enim ad minim veniam quis nostrud exercitation ullamco laboris nisi aliquip ex ea "
-         "commodo consequat").split()
+LOREM = ["lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed",
+         "do", "eiusmod", "tempor", "incididunt", "ut", "labore", "et", "dolore", "magna",
+         "aliqua", "enim", "ad", "minim", "veniam", "quis", "nostrud", "exercitation", "ullamco",
+         "laboris", "nisi", "aliquip", "ex", "ea", "commodo", "consequat"]
 ROUTINE_LOG = ["service started", "backup completed", "user admin logged in", "config reloaded", "cache cleared",
                "scheduled job finished", "report exported", "session opened", "heartbeat ok", "sync done",
                "rotation of log files", "listening on port {port}", "worker {n} ready", "snapshot saved",

@@ -148,20 +148,29 @@ def shared_tensors(model: onnx.ModelProto) -> list[str]:
     return sorted(names)
 
 
-def export_fp32_graph(model: TextClassifier, out_dir: Path, pad_id: int) -> Path:
+def export_fp32_graph(model: torch.nn.Module, out_dir: Path, pad_id: int) -> Path:
     """Export the FP32 graph into out_dir as model-fp32.onnx (fp16 storage); returns its path.
 
-    A block-quantized word table goes to SHARED_DATA_FILE beside it (the int8 graphs
+    A TextClassifier is traced by `export_fp32`; the conv-attention hybrid (models/hybrid.py) by
+    models/hybrid_export.py; both are fused the same way and stored in the same form. A
+    block-quantized word table goes to SHARED_DATA_FILE beside it (the int8 graphs
     models/quantize.py makes from this one reference the same file).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         traced = Path(tmp) / "traced-fp32.onnx"
         plain = Path(tmp) / "plain-fp32.onnx"
-        export_fp32(model, traced, pad_id)
-        config = model.encoder.config
-        fuse_transformer_ops(traced, plain, config.num_attention_heads, config.hidden_size,
-                             config.num_hidden_layers)
+        if isinstance(model, TextClassifier):
+            export_fp32(model, traced, pad_id)
+            config = model.encoder.config
+            fuse_transformer_ops(traced, plain, config.num_attention_heads, config.hidden_size,
+                                 config.num_hidden_layers)
+        else:
+            # a HybridClassifier; its exporter imports this module, so it is imported here
+            from models.hybrid_export import export_hybrid, fuse_hybrid_ops
+
+            export_hybrid(model, traced, pad_id)
+            fuse_hybrid_ops(traced, plain, model)
         graph = onnx.load(str(plain))
     store_weights_fp16(graph)
     names = shared_tensors(graph)

@@ -33,8 +33,9 @@ FP32_GOLDEN_TOLERANCE = 2e-3
 # saturation) is off by 3.5e-2 on Haswell, a CPU the tiers never serve it on.
 # The corruptions of tests/test_selftest.py (one weight scale 2 % off, one zero point +1) move
 # the outputs by 2.0e-2 to 3.7e-2. int8: 9e-3 = ~2.6x the largest legitimate spread, ~2.3x
-# under the smallest corruption.
-EXPECTED_TOLERANCE = {"fp32": 1e-4, "int8-u8u8": 9e-3, "int8-u8s8": 9e-3}
+# under the smallest corruption. int8-u8s7 (served on AVX2 only, made there) takes u8s8's bound: its spread
+# across kernel families is not measured yet.
+EXPECTED_TOLERANCE = {"fp32": 1e-4, "int8-u8u8": 9e-3, "int8-u8s8": 9e-3, "int8-u8s7": 9e-3}
 RUNS = ("alone", "batched")
 
 

@@ -70,8 +70,15 @@ INT8_VARIANTS = (
         "int8-u8u8", "QUInt8", per_channel=True, reduce_range=False,
         why="x86 without VNNI: unsigned weights cannot saturate the int16 pair sums, and the "
             "SSE/AVX2/AVX-512 U8U8 kernels agree to float rounding (FACTS)"),
+    Int8Variant(
+        "int8-u8s7", "QInt8", per_channel=True, reduce_range=True,
+        why="x86 without VNNI, fast: signed 7-bit weights (reduce_range) keep VPMADDUBSW's pair sums "
+            "within int16 (2 x 255 x 63 < 32767), so AVX2 runs the u8s8 kernel without saturating; "
+            "opt-in (a recipe's variants), issue 27"),
 )
 VARIANTS_BY_NAME = {v.name: v for v in INT8_VARIANTS}
+# what a package gets when nobody names its int8 variants (import, re-quantization)
+DEFAULT_INT8 = ("int8-u8s8", "int8-u8u8")
 
 
 # -- the FP32 graph ---------------------------------------------------------------------------
@@ -325,7 +332,7 @@ def quantize_dynamic_graph(fp32_path: Path, out_path: Path, variant: Int8Variant
 
 
 def quantize_variants(fp32_graph: Path, out_dir: Path, calibration_feeds: Iterable[dict[str, np.ndarray]],
-                      names: Sequence[str] = tuple(VARIANTS_BY_NAME),
+                      names: Sequence[str] = DEFAULT_INT8,
                       alpha: float = SMOOTHING_ALPHA) -> dict[str, Path]:
     """Write `out_dir/model-<name>.onnx` for each int8 variant named; returns name → path.
 
@@ -436,7 +443,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("package", type=Path)
     parser.add_argument("--recipe", help="recipe whose data calibrates and gates (models/recipes/NAME.json)")
     parser.add_argument("--version")
-    parser.add_argument("--variants", nargs="*", default=list(VARIANTS_BY_NAME))
+    parser.add_argument("--variants", nargs="*", default=list(DEFAULT_INT8), choices=list(VARIANTS_BY_NAME))
     args = parser.parse_args(argv)
 
     def run() -> int:

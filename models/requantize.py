@@ -16,7 +16,7 @@ import numpy as np
 
 from models.data import Example
 from models.publish import Fp32Graph, Heldout, Source, publish
-from models.quantize import VARIANTS_BY_NAME
+from models.quantize import DEFAULT_INT8, VARIANTS_BY_NAME
 from models.recipe_data import load_examples, recipe_splits
 from models.recipes import Recipe, load_recipe, recipe_from_dict, recipe_names
 from runtime.appdir import DEFAULT_MODEL_NAME
@@ -41,7 +41,7 @@ def recipe_for(manifest, recipe: str | None) -> Recipe:
 
 
 def requantize_package(package_dir: Path, recipe_name: str | None = None, version: str | None = None,
-                       names: tuple[str, ...] | list[str] = tuple(VARIANTS_BY_NAME)) -> Manifest:
+                       names: tuple[str, ...] | list[str] = DEFAULT_INT8) -> Manifest:
     """Rebuild the package's int8 variants, golden set and manifest in place (replaced at the end)."""
     package = load_package(package_dir)
     manifest = package.manifest

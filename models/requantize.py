@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from models.data import Example
-from models.publish import Fp32Graph, Heldout, Source, publish
+from models.novelty import strip_novelty
+from models.publish import Fp32Graph, Heldout, PublishError, Source, publish
 from models.quantize import DEFAULT_INT8, VARIANTS_BY_NAME
 from models.recipe_data import load_examples, recipe_splits
 from models.recipes import Recipe, load_recipe, recipe_from_dict, recipe_names
@@ -35,7 +36,8 @@ def recipe_for(manifest, recipe: str | None) -> Recipe:
             trained = recipe_from_dict({**recorded, "description": manifest.description})
         except (TypeError, ValueError, KeyError):
             trained = None
-        if trained is not None and all(p.is_file() for p in (trained.data_path(), *trained.extra_paths()) if p):
+        if trained is not None and all(p.is_file() for p in (trained.data_path(), *trained.extra_paths(),
+                                                             *trained.negative_paths()) if p):
             return trained
     return load_recipe(manifest.name if manifest.name in recipe_names() else DEFAULT_MODEL_NAME)
 
@@ -47,6 +49,10 @@ def requantize_package(package_dir: Path, recipe_name: str | None = None, versio
     manifest = package.manifest
     recipe = recipe_for(manifest, recipe_name)
     splits = recipe_splits(recipe, load_examples(recipe))
+    foreign = sorted({e.label for e in splits.train + splits.val + splits.test} - set(manifest.labels))
+    if foreign:
+        raise PublishError(f"{package_dir}: the data of recipe {recipe.name} has labels the package does not have "
+                           f"({', '.join(map(repr, foreign[:5]))}); name the recipe it was trained with (--recipe)")
     golden = read_golden(package)
     temperature = manifest.temperature
     # log(p) · T are the logits behind the recorded (calibrated) probabilities, up to a row constant
@@ -55,8 +61,14 @@ def requantize_package(package_dir: Path, recipe_name: str | None = None, versio
     fp32 = manifest.variants["fp32"]
 
     def write_fp32(staging: Path) -> Fp32Graph:
+        import onnx
+
         for entry in fp32.files():
             shutil.copyfile(package.path(entry), staging / entry.file)
+        graph = staging / fp32.file.file  # without its novelty part: the abstention step fits it again
+        model = onnx.load(str(graph), load_external_data=False)
+        if manifest.novelty_output() is not None:
+            onnx.save(strip_novelty(model), str(graph))
         return Fp32Graph(fp32.file.file, tuple(f.file for f in fp32.data_files), fp32.weights_storage)
 
     def reference_logits(texts: list[str]) -> np.ndarray:
@@ -74,7 +86,12 @@ def requantize_package(package_dir: Path, recipe_name: str | None = None, versio
         calibration_texts=[e.text for e in splits.train], calibration_source=f"training split of {recipe.name}",
         golden_candidates=[Example(g["text"], g["label"], g.get("language", "und")) for g in golden],
         variants=("fp32", *[n for n in names if n in VARIANTS_BY_NAME]), golden_count=len(golden),
-        calibrate=False, calibration=dict(manifest.calibration), provenance=provenance)
+        calibrate=False, calibration=dict(manifest.calibration), provenance=provenance,
+        # the package's abstention is made again the way it was: same negative labels, unreadable
+        # threshold and novelty flag rate, the novelty score fitted on the recipe's training split
+        negative_labels=tuple(manifest.abstention.get("negative_labels", ())), novelty_fit=list(splits.train),
+        novelty_flag_rate=float((manifest.abstention.get("novelty") or {}).get("flag_rate_target", 0.0)),
+        max_unknown_share=float(manifest.abstention.get("max_unknown_share", 0.5)))
     return publish(source, Path(package_dir))
 
 

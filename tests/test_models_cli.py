@@ -633,3 +633,27 @@ def test_a_student_shape_or_head_it_cannot_build_is_refused_without_torch(tmp_pa
     result = run_without_torch("train", "--data", str(data), "--settings", str(path), "--out", str(tmp_path / "p"))
     assert result.returncode == 2 and words in _one_line(result)
     assert result.cpu_seconds <= 2.0 and not (tmp_path / "p").exists()
+
+
+def test_requantize_keeps_the_abstention_of_the_package(scoped_package, tmp_path):
+    import shutil
+
+    import onnx
+
+    copy = tmp_path / "copy"
+    shutil.copytree(scoped_package, copy)
+    result = subprocess.run([sys.executable, "-m", "models.quantize", str(copy), "--version", "9.9.9"], check=False,
+                            cwd=REPO, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "DECIDE_FACTORY_CACHE": str(scoped_package.parent / "cache")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    before, after = (json.loads((p / "manifest.json").read_text()) for p in (scoped_package, copy))
+    assert after["abstention"]["negative_labels"] == before["abstention"]["negative_labels"] == ["other"]
+    assert after["abstention"]["max_unknown_share"] == before["abstention"]["max_unknown_share"]
+    assert set(after["abstention"]["novelty"]["thresholds"]) == set(after["variants"])
+    for variant in after["variants"].values():  # the novelty part once, never quantized
+        graph = onnx.load(str(copy / variant["file"]["file"]), load_external_data=False).graph
+        assert [o.name for o in graph.output].count("novelty") == 1
+        assert len({i.name for i in graph.initializer}) == len(graph.initializer)
+    selftest = subprocess.run([sys.executable, "-m", "runtime", "selftest", "--model", str(copy)], check=False,
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert selftest.returncode == 0, selftest.stdout + selftest.stderr

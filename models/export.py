@@ -85,10 +85,16 @@ def export_fp32(model: TextClassifier, path: Path, pad_id: int) -> None:
         drift = (wrapper(ids, mask) - model.eval()(ids, mask)).abs().max().item()
     if drift > 1e-4:  # the spelled-out layers must compute what the trained model computes
         raise RuntimeError(f"export wrapper differs from the model by {drift:.2e}")
-    with warnings.catch_warnings():  # tracer notes on Python branches; the drift check above is what counts
+    trace_to_onnx(wrapper, ids, mask, path)
+
+
+def trace_to_onnx(module: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, path: Path) -> None:
+    """The legacy tracer's ONNX graph of `module(ids, mask) -> logits`, batch and sequence axes
+    dynamic (the callers check first that the traced module computes what the model does)."""
+    with warnings.catch_warnings():  # tracer notes on Python branches; the callers' drift checks count
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            wrapper, (ids, mask), str(path), dynamo=False, opset_version=OPSET,
+            module, (ids, mask), str(path), dynamo=False, opset_version=OPSET,
             input_names=["input_ids", "attention_mask"], output_names=["logits"],
             dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
                           "logits": {0: "batch"}},

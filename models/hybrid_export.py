@@ -16,13 +16,12 @@ SkipLayerNormalization, and MatMul + bias + GELU into BiasGelu.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import torch
 
 from models.classifier import PackedBlockEmbedding
-from models.export import OPSET
+from models.export import trace_to_onnx
 from models.hybrid import HybridClassifier
 
 
@@ -49,15 +48,7 @@ def export_hybrid(model: HybridClassifier, path: Path, pad_id: int) -> None:
         drift = (graph(ids, mask) - model(ids, mask)).abs().max().item()
     if drift > 1e-4:
         raise RuntimeError(f"hybrid export wrapper differs from the model by {drift:.2e}")
-    with warnings.catch_warnings():  # tracer notes (legacy exporter); the drift check above is what counts
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            graph, (ids, mask), str(path), dynamo=False, opset_version=OPSET,
-            input_names=["input_ids", "attention_mask"], output_names=["logits"],
-            dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
-                          "logits": {0: "batch"}},
-            do_constant_folding=True,
-        )
+    trace_to_onnx(graph, ids, mask, path)
 
 
 def fuse_hybrid_ops(plain_path: Path, fused_path: Path, model: HybridClassifier) -> dict[str, int]:

@@ -41,7 +41,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # run as a script from any directory: this checkout's models/ and runtime/
 
 TASK = REPO / "models" / "tasks" / "machine-alarms"
 HELD_OUT = ("test/cases-a.csv", "test/cases-b.csv")

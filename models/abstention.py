@@ -30,17 +30,15 @@ FEATURE_BATCH = 32
 MIN_THRESHOLD_CASES = 20  # fewer held-out cases than this cannot place a 2 % quantile
 
 
-def _features(graph: Path, tokenizer: Path, max_length: int, pad_id: int, texts: Sequence[str]) -> np.ndarray:
+def _features(graph: Path, name: str, tokenizer: Path, max_length: int, pad_id: int, texts: Sequence[str]) -> np.ndarray:
     """The tensor the FP32 graph's last linear layer reads, for each text in order (the runtime's
     own tokenizer and padding; a temporary copy of the graph with that tensor as an output)."""
     import onnx
     import onnxruntime as ort
 
-    from models.novelty import logits_input
     from runtime.text import TextEncoder, pad_batch
 
     model = onnx.load(str(graph), load_external_data=False)
-    name = logits_input(model)
     model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
     probe = graph.with_name(f".features-{graph.name}")
     onnx.save(model, str(probe))  # beside the graph: its external-data files resolve
@@ -49,7 +47,7 @@ def _features(graph: Path, tokenizer: Path, max_length: int, pad_id: int, texts:
         options.intra_op_num_threads = 2
         session = ort.InferenceSession(str(probe), options, providers=["CPUExecutionProvider"])
         inputs = {i.name for i in session.get_inputs()}
-        encoder = TextEncoder(tokenizer.read_text(encoding="utf-8"), max_length, pad_id)
+        encoder = TextEncoder.shared(tokenizer.read_text(encoding="utf-8"), max_length, pad_id)  # the engines' own
         rows = []
         for start in range(0, len(texts), FEATURE_BATCH):
             items = encoder.tokenize(list(texts[start:start + FEATURE_BATCH]))
@@ -92,15 +90,16 @@ def _add_novelty(draft, cases: list[Example], negatives: set[str]) -> None:
     held = source.heldout
     labels = np.array([source.labels.index(e.label) for e in cases])
     case_classes = [i for i, label in enumerate(source.labels) if label not in negatives]
-    fp32 = staging / draft.variants["fp32"].file.file
-    log(f"novelty score: fitting on the features of {len(cases)} training cases")
-    features = _features(fp32, staging / "tokenizer.json", source.max_length, source.pad_id, [e.text for e in cases])
-    novelty = fit_novelty(features, labels, case_classes)
-    feature_name = logits_input(onnx.load(str(fp32), load_external_data=False))
     texts, chosen_on = _threshold_cases(held.validation, held.test, {e.text for e in cases}, negatives)
-    if len(texts) < MIN_THRESHOLD_CASES:
+    if len(texts) < MIN_THRESHOLD_CASES:  # known before any feature is computed
         log(f"novelty score: only {len(texts)} held-out cases to choose its threshold on; the package has none")
         return
+    fp32 = staging / draft.variants["fp32"].file.file
+    feature_name = logits_input(onnx.load(str(fp32), load_external_data=False))
+    log(f"novelty score: fitting on the features of {len(cases)} training cases")
+    features = _features(fp32, feature_name, staging / "tokenizer.json", source.max_length, source.pad_id,
+                         [e.text for e in cases])
+    novelty = fit_novelty(features, labels, case_classes)
     thresholds = {}
     for name, variant in list(draft.variants.items()):
         path = staging / variant.file.file

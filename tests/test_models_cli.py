@@ -376,18 +376,24 @@ def test_the_checkpoint_cache_survives_renaming_out_and_moving_the_data(tiny_pac
     assert json.loads((renamed / "manifest.json").read_text())["name"] == "another-name"
 
 
-def test_requantize_makes_the_int8_variants_again_from_the_same_fp32_graph(tiny_package, tmp_path):
+def requantized_copy(package: Path, tmp_path: Path) -> Path:
+    """A copy of `package` re-quantized by `python -m models.quantize` as version 9.9.9."""
     import shutil
 
+    copy = tmp_path / "copy"
+    shutil.copytree(package, copy)
+    result = subprocess.run([sys.executable, "-m", "models.quantize", str(copy), "--version", "9.9.9"], check=False,
+                            cwd=REPO, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "DECIDE_FACTORY_CACHE": str(package.parent / "cache")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return copy
+
+
+def test_requantize_makes_the_int8_variants_again_from_the_same_fp32_graph(tiny_package, tmp_path):
     from runtime.package import load_package, verify_files, verify_golden_file
 
     out, _ = tiny_package
-    copy = tmp_path / "copy"
-    shutil.copytree(out, copy)
-    result = subprocess.run([sys.executable, "-m", "models.quantize", str(copy), "--version", "9.9.9"], check=False,
-                            cwd=REPO, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "DECIDE_FACTORY_CACHE": str(out.parent / "cache")})
-    assert result.returncode == 0, result.stderr[-3000:]
+    copy = requantized_copy(out, tmp_path)
     package = load_package(copy)
     manifest = package.manifest
     assert manifest.version == "9.9.9" and manifest.provenance["requantized"]["from_version"] == "1.0.0"
@@ -636,16 +642,9 @@ def test_a_student_shape_or_head_it_cannot_build_is_refused_without_torch(tmp_pa
 
 
 def test_requantize_keeps_the_abstention_of_the_package(scoped_package, tmp_path):
-    import shutil
-
     import onnx
 
-    copy = tmp_path / "copy"
-    shutil.copytree(scoped_package, copy)
-    result = subprocess.run([sys.executable, "-m", "models.quantize", str(copy), "--version", "9.9.9"], check=False,
-                            cwd=REPO, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "DECIDE_FACTORY_CACHE": str(scoped_package.parent / "cache")})
-    assert result.returncode == 0, result.stderr[-3000:]
+    copy = requantized_copy(scoped_package, tmp_path)
     before, after = (json.loads((p / "manifest.json").read_text()) for p in (scoped_package, copy))
     assert after["abstention"]["negative_labels"] == before["abstention"]["negative_labels"] == ["other"]
     assert after["abstention"]["max_unknown_share"] == before["abstention"]["max_unknown_share"]

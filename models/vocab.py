@@ -58,27 +58,66 @@ def piece_fits(piece: str, scripts: set[str]) -> bool:
 OTHER_SCRIPTS_SHARE = 0.1
 
 
+def piece_script(piece: str) -> str:
+    """The one script of a piece's letters; "MIXED" for several, "NONE" for digits and symbols."""
+    found = {char_script(c) for c in piece_chars(piece)} - {None}
+    return found.pop() if len(found) == 1 else ("MIXED" if found else "NONE")
+
+
+def proportional_order(vocab: list, candidates: list[int]) -> list[int]:
+    """`candidates` ordered so that any prefix holds the same share of every script's pieces, each
+    script's best-scored first: what a budget keeps is spread over scripts as the base vocabulary
+    spreads them (its piece counts follow how many languages write a script), not by global score,
+    which the largest languages' pieces lead."""
+    by_script: dict[str, list[int]] = {}
+    for i in sorted(candidates, key=lambda i: -vocab[i][1]):
+        by_script.setdefault(piece_script(vocab[i][0]), []).append(i)
+    rank = {i: (n + 0.5) / len(ids) for ids in by_script.values() for n, i in enumerate(ids)}
+    return sorted(candidates, key=lambda i: (rank[i], -vocab[i][1]))
+
+
 def select_pieces(tokenizer_json: dict, train_texts: list[str], budget: int,
-                  other_scripts_share: float = OTHER_SCRIPTS_SHARE) -> np.ndarray:
-    """Old ids to keep (sorted): specials, every single character, pieces the text uses, top-scored
-    pieces of the text's scripts, then of every other script (see the module docstring)."""
+                  other_scripts_share: float = OTHER_SCRIPTS_SHARE, policy: str = "training-scripts",
+                  single_characters: bool = True) -> np.ndarray:
+    """Old ids to keep (sorted): specials, every single character, pieces the text uses, then
+    `policy` "training-scripts": top-scored pieces of the text's scripts, then of every other script
+    (see the module docstring); "proportional": the same share of every script's pieces.
+    single_characters=False: a character the text does not use is left out (a tiered word table
+    keeps every other piece in its tail, models/word_table.py)."""
     vocab = tokenizer_json["model"]["vocab"]
     tokenizer = Tokenizer.from_str(json.dumps(tokenizer_json))
     scripts = text_scripts(train_texts)
     keep = {token["id"] for token in tokenizer_json.get("added_tokens", []) if token["special"]}
     if vocab[-1][0] == "<mask>":
         keep.discard(len(vocab) - 1)  # a classifier never sees the masked-LM token
-    keep |= {i for i, (piece, _) in enumerate(vocab) if len(piece_chars(piece)) == 1 and piece != "<mask>"}
+    if single_characters:
+        keep |= {i for i, (piece, _) in enumerate(vocab) if len(piece_chars(piece)) == 1 and piece != "<mask>"}
     for encoding in tokenizer.encode_batch(train_texts, add_special_tokens=False):
         keep.update(encoding.ids)
     by_score = sorted((i for i, (piece, _) in enumerate(vocab) if i not in keep and piece != "<mask>"),
                       key=lambda i: -vocab[i][1])
+    if policy == "proportional":
+        keep.update(proportional_order(vocab, by_score)[: max(0, budget - len(keep))])
+        return np.array(sorted(keep), dtype=np.int64)
     own = [i for i in by_score if piece_fits(vocab[i][0], scripts)]
     others = [i for i in by_score if not piece_fits(vocab[i][0], scripts)]
     reserve = min(len(others), int(budget * other_scripts_share))
     keep.update(own[: max(0, budget - reserve - len(keep))])
     keep.update(others[: max(0, budget - len(keep))])
     return np.array(sorted(keep), dtype=np.int64)
+
+
+def tail_pieces(tokenizer_json: dict, kept: np.ndarray, count: int | None = None) -> np.ndarray:
+    """Base ids `select_pieces` left out (sorted), but the masked-LM token a classifier never sees:
+    all of them, or `count`: every single character first (no script the base reads becomes
+    `<unk>`), then the others in `proportional_order` (the same share of every script)."""
+    vocab = tokenizer_json["model"]["vocab"]
+    left = [int(i) for i in np.setdiff1d(np.arange(len(vocab)), kept) if vocab[i][0] != "<mask>"]
+    if count is not None and count < len(left):
+        single = [i for i in left if len(piece_chars(vocab[i][0])) == 1]
+        longer = [i for i in left if len(piece_chars(vocab[i][0])) > 1]
+        left = sorted(single + proportional_order(vocab, longer)[: max(0, count - len(single))])
+    return np.array(left, dtype=np.int64)
 
 
 def script_probe_texts(tokenizer_json: dict, pieces_per_script: int = 40) -> dict[str, str]:

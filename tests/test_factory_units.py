@@ -18,6 +18,7 @@ from models.vocab import (
     trim_tokenizer_json,
     unk_rate,
 )
+from models.word_table import frozen_table
 
 SENTENCES = [
     "How much protein should a woman eat per day?",
@@ -80,7 +81,7 @@ def test_trimmed_vocabulary_round_trips(e5_checkpoint, e5_tokenizer_json):
         assert [int(kept[i]) for i in trimmed.encode(text).ids] == old_ids
 
     # the same id selects the same embedding row in the trimmed table
-    classifier = e5_classifier(e5_checkpoint, kept, num_labels=3)
+    classifier = e5_classifier(e5_checkpoint, frozen_table(e5_checkpoint, kept), num_labels=3)
     codes = classifier.word_embedding.codes.numpy()
     for new_id in (0, 3, 10, len(kept) - 1):
         assert np.array_equal(codes[new_id], e5_checkpoint.word_codes[kept[new_id]])

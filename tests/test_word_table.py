@@ -151,3 +151,22 @@ def test_a_student_with_a_tiered_table_exports_the_tail_to_the_shared_file(tmp_p
     with torch.no_grad():
         ours = model(ids, mask).numpy()
     assert np.abs(theirs - ours).max() < 1e-2  # layer weights stored fp16
+
+
+def test_a_distilled_students_checkpoint_does_not_depend_on_the_tail_only_on_having_one():
+    from models.recipes import load_recipe
+
+    def key(**settings) -> str:
+        return load_recipe("machine-alarms", settings={"vocab_budget": 50_000, **settings}).checkpoint_key("student")
+
+    tiered = key(tail_table={"subspaces": 48, "pieces": 70_000})
+    assert tiered == key(tail_table={"subspaces": 96}) == key(tail_table={"subspaces": 48, "pieces": 120_000})
+    assert tiered != key()  # with a tail, single characters are not all exact: other training inputs
+    assert key(vocab_budget=60_000, tail_table={"subspaces": 48}) != tiered
+
+
+def test_every_piece_of_the_transfer_text_is_exact(base_json):
+    texts = TEXTS + ["Öl tropft unter der Presse", "温度过高，请检查电机"]
+    exact = select_pieces(base_json, texts, budget=2000, single_characters=False)
+    used = {i for e in tokenizer_from_json(base_json).encode_batch(texts, add_special_tokens=False) for i in e.ids}
+    assert used <= set(exact.tolist())

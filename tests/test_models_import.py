@@ -42,8 +42,9 @@ def _wordpiece_tokenizer_file(path: Path) -> int:
     text = "".join(TEXTS + VARIED).lower()
     chars = sorted(set(text) - set(" \t\n\u00a0\u3000"))
     words = sorted({w for t in TEXTS + VARIED for w in t.lower().split()})
-    vocab = {tok: i for i, tok in enumerate(["[CLS]", "[PAD]", "[SEP]", "[UNK]", "[MASK]", *words, *chars,
-                                              *(f"##{c}" for c in chars)])}
+    # dict.fromkeys: a one-character word is also a character; ids stay dense (0 … len - 1)
+    tokens = dict.fromkeys(["[CLS]", "[PAD]", "[SEP]", "[UNK]", "[MASK]", *words, *chars, *(f"##{c}" for c in chars)])
+    vocab = {tok: i for i, tok in enumerate(tokens)}
     tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.Lowercase()
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -194,12 +195,22 @@ def _other_models_tokenizer(hf: Path) -> None:
     shutil.copyfile(e5_tokenizer_file(), hf / "tokenizer.json")  # 250k pieces for a tiny vocabulary
 
 
+def _token_id_past_the_rows(hf: Path) -> None:
+    # as many pieces as rows, but one id beyond them (ids with a gap): that piece has no row
+    data = json.loads((hf / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = data["model"]["vocab"]
+    last = max(vocab, key=vocab.get)
+    vocab[last] += 7
+    (hf / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+
+
 BAD_FOLDERS = {
     "pickle-only weights": (_pickle_only, ["pytorch_model.bin", "safetensors"]),
     "more layers in config than in the weights": (_config_edit(num_hidden_layers=3), ["2 layers", "says 3"]),
     "vocabulary size not the weights'": (_config_edit(vocab_size=999), ["word_embeddings.weight", "does not match"]),
     "garbage tokenizer": (_garbage_tokenizer, ["tokenizer.json", "not a tokenizers tokenizer"]),
     "another model's tokenizer": (_other_models_tokenizer, ["tokenizer.json", "embedding rows"]),
+    "a token id past the embedding rows": (_token_id_past_the_rows, ["tokenizer.json", "embedding rows"]),
     "architecture not supported": (_config_edit(architectures=["GPT2ForSequenceClassification"]),
                                    ["GPT2ForSequenceClassification is not supported"]),
     "no id2label": (_config_edit(id2label=None), ["no id2label"]),

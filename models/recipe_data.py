@@ -108,7 +108,34 @@ def recipe_splits(recipe: Recipe, data: LoadedData) -> Splits:
         pick = rng.permutation(len(splits.train))[: recipe.train_subset]
         splits = Splits([splits.train[i] for i in sorted(pick)], splits.val[: recipe.train_subset // 2],
                         splits.test[: recipe.train_subset // 2])
+    if recipe.validation_data:
+        splits = Splits(splits.train, splits.val + validation_examples(recipe, data), splits.test)
     return splits
+
+
+def validation_examples(recipe: Recipe, data: LoadedData) -> list[Example]:
+    """The recipe's validation_data rows: a non-case row (empty label) becomes the first negative label
+    (or is left out when the recipe has none); a label the training data lacks is refused; a text the
+    training data holds is left out (it would not be validation)."""
+    labels = {e.label for e in data.examples}
+    seen = {e.text for e in data.examples}
+    kept: list[Example] = []
+    for path in recipe.validation_paths():
+        part = read_labelled_file(path, recipe.text_column, recipe.label_column, for_training=False)
+        dropped = 0
+        for example in part.examples:
+            label = example.label or (recipe.negative_labels[0] if recipe.negative_labels else "")
+            if not label or example.text in seen:
+                dropped += 1
+                continue
+            if label not in labels:
+                raise DataError(f"{path}: label {label!r} is no label of the training data "
+                                f"(labels: {', '.join(sorted(labels))})")
+            kept.append(Example(example.text, label, example.language, example.group, example.kind))
+        where = Path(part.source).relative_to(REPO_ROOT) if Path(part.source).is_relative_to(REPO_ROOT) else path
+        log(f"validation: {len(part.examples) - dropped} rows of {where}"
+            + (f" ({dropped} left out: non-cases without a negative label, or training texts)" if dropped else ""))
+    return kept
 
 
 def base_tokenizer_json(recipe: Recipe) -> dict:

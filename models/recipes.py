@@ -109,6 +109,12 @@ class Recipe:
     # share of unknown characters above which a text is unreadable.
     negative_labels: tuple[str, ...] = ()
     negative_data: tuple[str, ...] = ()
+    # Validation files written apart from the training data (other writers, other languages): their rows
+    # join the validation split, which picks the student's epoch, fits the temperature and the novelty
+    # threshold, so these settings are chosen on texts like the ones the model will meet rather than on a
+    # slice of its own training distribution. A non-case row (kind resolved/out_of_scope/noise, empty
+    # label) counts as negative_labels[0].
+    validation_data: tuple[str, ...] = ()
     novelty_flag_rate: float = 0.0
     max_unknown_share: float = 0.5
     extra: dict = field(default_factory=dict)
@@ -123,12 +129,14 @@ class Recipe:
         data["dataset"] = _sha256(path) if path is not None else self.dataset
         data["extra_data"] = [_sha256(p) for p in self.extra_paths()]  # a missing file: load_examples says so
         data["negative_data"] = [_sha256(p) for p in self.negative_paths()]
+        data["validation_data"] = [_sha256(p) for p in self.validation_paths()]
         # read or fitted after the cached stages (the head too: models/heads.py fits it on the cached student)
         for key in ("name", "version", "description", "golden_count", "variants", "calibrate", "calibration_texts",
                     "novelty_flag_rate", "max_unknown_share", "head"):
             data.pop(key)
         # unset (an empty student_arch is the transformer student): caches made before they existed stay valid
-        for key in ("negative_labels", "negative_data", "student_arch", "tail_table", "student_ffn"):
+        for key in ("negative_labels", "negative_data", "validation_data", "student_arch", "tail_table",
+                    "student_ffn"):
             if not data[key]:
                 data.pop(key)
         if data["vocab_policy"] == "training-scripts":
@@ -163,6 +171,10 @@ class Recipe:
     def negative_paths(self) -> list[Path]:
         """The negative_data files, resolved like the dataset file."""
         return [Path(p) if Path(p).is_absolute() else REPO_ROOT / p for p in self.negative_data]
+
+    def validation_paths(self) -> list[Path]:
+        """The validation_data files, resolved like the dataset file."""
+        return [Path(p) if Path(p).is_absolute() else REPO_ROOT / p for p in self.validation_data]
 
     def estimated_package_bytes(self) -> int:
         """About how large the package will be (for the free-space check before training).
@@ -215,9 +227,11 @@ def recipe_from_dict(data: dict) -> Recipe:
     _check_student(values)
     if values.get("extra_data") and values.get("dataset") in BUILTIN_DATASETS:
         raise ValueError("extra_data joins files to a dataset file, not to a built-in loader")
-    for key in ("student_layers", "variants", "extra_data", "negative_labels", "negative_data"):
+    for key in ("student_layers", "variants", "extra_data", "negative_labels", "negative_data", "validation_data"):
         if values.get(key) is not None:
             values[key] = tuple(values[key])
+    if values.get("validation_data") and values.get("dataset") in BUILTIN_DATASETS:
+        raise ValueError("validation_data joins files to a dataset file's validation split, not to a built-in loader")
     if values.get("negative_data") and not values.get("negative_labels"):
         raise ValueError("negative_data needs negative_labels (its rows get the first one)")
     rate = values.get("novelty_flag_rate", 0.0)

@@ -279,7 +279,8 @@ def test_a_recipe_joins_its_extra_data_files(tmp_path):
                      + [[f"pump {i} leaks", "leak", "en"] for i in range(4)] + [["odd one", "leak", "en"]])
     extra = write_csv(tmp_path / "extra.csv", [["motor 0 hot", "overheating", "en"], ["odd one", "overheating", "hu"],
                                                ["olaj folyik", "leak", "hu"]])
-    recipe = replace(load_recipe("machine-alarms"), dataset=str(main), extra_data=(str(extra),), negative_labels=())
+    recipe = replace(load_recipe("machine-alarms"), dataset=str(main), extra_data=(str(extra),), negative_labels=(),
+                     validation_data=())
     data = load_examples(recipe)
     assert sorted(e.text for e in data.examples) == sorted([f"motor {i} hot" for i in range(4)]
                                                            + [f"pump {i} leaks" for i in range(4)] + ["olaj folyik"])
@@ -297,6 +298,42 @@ def test_a_recipe_joins_its_extra_data_files(tmp_path):
     assert missing.fingerprint()["extra_data"] == [None]
     with pytest.raises(DataError, match="no such file"):
         load_examples(missing)
+
+
+def test_validation_files_join_the_validation_split_only(tmp_path):
+    # validation_data: other writers' rows pick the epoch, temperature and novelty threshold; they never
+    # reach training or the test split; a non-case row counts as the negative label; a training text
+    # is left out; a label the training data lacks is refused; the files' contents key the checkpoint
+    from dataclasses import replace
+
+    from models.recipe_data import load_examples, recipe_splits
+    from models.recipes import load_recipe
+
+    main = write_csv(tmp_path / "main.csv", [[f"motor {i} hot", "overheating", "en"] for i in range(12)]
+                     + [[f"pump {i} leaks", "leak", "en"] for i in range(12)]
+                     + [[f"lunch at {i}", "other", "en"] for i in range(12)])
+    dev = write_csv(tmp_path / "dev.csv", [["a motor ran hot", "overheating", "fi", "case"],
+                                           ["temperature back to normal", "", "fi", "resolved"],
+                                           ["motor 0 hot", "overheating", "en", "case"]],
+                    header=("text", "label", "lang", "kind"))
+    recipe = replace(load_recipe("machine-alarms"), dataset=str(main), extra_data=(), validation_data=(str(dev),),
+                     negative_labels=("other",))
+    data = load_examples(recipe)
+    plain = recipe_splits(replace(recipe, validation_data=()), data)
+    splits = recipe_splits(recipe, data)
+    assert splits.train == plain.train and splits.test == plain.test
+    added = splits.val[len(plain.val):]
+    assert splits.val[: len(plain.val)] == plain.val
+    assert [(e.text, e.label, e.language, e.kind) for e in added] == [
+        ("a motor ran hot", "overheating", "fi", "case"), ("temperature back to normal", "other", "fi", "resolved")]
+    # without a negative label a non-case has no class to count as
+    no_negatives = replace(recipe, negative_labels=())
+    assert [e.text for e in recipe_splits(no_negatives, data).val[len(plain.val):]] == ["a motor ran hot"]
+    before = recipe.fingerprint()
+    write_csv(dev, [["a pump ran dry", "pump_dry", "fi"]])
+    assert recipe.fingerprint() != before
+    with pytest.raises(DataError, match="'pump_dry' is no label of the training data"):
+        recipe_splits(recipe, data)
 
 
 def test_jsonl_labels_may_be_numbers(tmp_path):

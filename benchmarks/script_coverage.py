@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from models.assets import e5_tokenizer_file  # noqa: E402
+from models.assets import e5_tokenizer_file
 
 TASK = REPO / "models" / "tasks" / "machine-alarms"
 FILES = [*sorted((TASK / "test").glob("*.csv")), *sorted((TASK / "dev").glob("*.csv"))]

@@ -209,6 +209,10 @@ def _problems_of(done: subprocess.CompletedProcess[str], what: str) -> list[str]
     return problems
 
 
+# OpenBLAS core types whose kernels the older cells lack: AVX2 (Conroe … SandyBridge), SVE (every ARM cell: max runs sve=off)
+FORCED_BLAS_CORE = {"x86_64": "Haswell", "aarch64": "NEOVERSEV1"}
+
+
 def run_cell(bundle: Bundle, cpu_name: str, requests: int = 4, emulate: bool = True,
              variant: str | None = None) -> CellResult:
     """info → selftest → a few requests of the frozen bundle on one CPU model (or natively).
@@ -217,7 +221,10 @@ def run_cell(bundle: Bundle, cpu_name: str, requests: int = 4, emulate: bool = T
     """
     models = X86_CPU_MODELS if bundle.arch == "x86_64" else ARM_CPU_MODELS
     ld_prefix = bundle.libc_root
-    env = {**os.environ, **({"DECIDE_VARIANT": variant} if variant else {})}
+    # a user's environment may force OpenBLAS's kernels for a newer CPU (a shell profile, an image
+    # made elsewhere): every cell runs with one, so a launcher that lets it through shows as SIGILL
+    env = {**os.environ, "OPENBLAS_CORETYPE": FORCED_BLAS_CORE[bundle.arch],
+           **({"DECIDE_VARIANT": variant} if variant else {})}
 
     def run(args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         argv = [str(bundle.executable), *args]

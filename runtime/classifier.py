@@ -80,7 +80,8 @@ def prepare(model_dir: Path | str, tier: str | None = None, variant: str | None 
     choice = select(features, platform, package.manifest.variants.keys(), tier, variant)
     if trusted.enforced:  # a signed package is accepted whole: the files no variant served reads too
         verify_files(package, beyond_variant(package.manifest, choice.variant))
-    activate(stack)  # before runtime.engine imports numpy
+    for setting in activate(stack):  # before runtime.engine imports numpy
+        log.info("ignoring %s: OpenBLAS picks this CPU's kernels itself", setting)
     if stack.path is not None:
         log.info("numeric stack: %s", stack.reason)
     return Setup(features, platform, choice, package, *sizes(features, choice.tier, threads, workers), stack,

@@ -107,12 +107,29 @@ def stack_for(tier: Tier) -> NumericStack:
     return choose_stack(tier, legacy_candidates(os.environ, frozen), installed_numpy_version())
 
 
-def activate(stack: NumericStack) -> None:
-    """Put the stack's directory first on sys.path. Must run before anything imports numpy."""
+# Environment variables that make numpy's OpenBLAS (either stack) run kernels for a CPU named in
+# them instead of the one it detects: OPENBLAS_CORETYPE=Haswell, left in a shell profile or an image
+# made on a newer machine, is SIGILL at `import numpy` on a CPU without AVX2.
+FORCED_BLAS_CORE = ("OPENBLAS_CORETYPE",)
+
+
+def drop_forced_blas_core(env: dict | None = None) -> list[str]:
+    """Remove the forced BLAS core type from the environment (this process and what it starts):
+    the CPU probe has chosen the stack, and OpenBLAS detects this CPU's kernels itself. Returns
+    the `NAME=value` settings removed."""
+    env = os.environ if env is None else env
+    return [f"{name}={env.pop(name)}" for name in FORCED_BLAS_CORE if name in env]
+
+
+def activate(stack: NumericStack) -> list[str]:
+    """Put the stack's directory first on sys.path and drop a forced BLAS core type (returned, for
+    the log). Must run before anything imports numpy."""
+    dropped = drop_forced_blas_core()
     if stack.path is None:
-        return
+        return dropped
     if "numpy" in sys.modules:
         raise RuntimeError("numpy was imported before the numeric stack was chosen")
     entry = str(stack.path)
     if entry not in sys.path:
         sys.path.insert(0, entry)
+    return dropped

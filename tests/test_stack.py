@@ -83,6 +83,15 @@ def test_activate_puts_the_directory_first_and_refuses_after_numpy(tmp_path, mon
         activate(NumericStack("legacy", tmp_path / "other", "1.26.4", "test"))
 
 
+def test_activate_drops_a_forced_openblas_core(monkeypatch):
+    # OPENBLAS_CORETYPE=Haswell is SIGILL at `import numpy` on a CPU without AVX2 (the matrix runs
+    # every emulated cell with it); the probe has chosen, OpenBLAS detects the CPU itself
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    assert activate(NumericStack("standard", None, "2.4.6", "test")) == ["OPENBLAS_CORETYPE=Haswell"]
+    assert "OPENBLAS_CORETYPE" not in os.environ
+    assert activate(NumericStack("standard", None, "2.4.6", "test")) == []
+
+
 # ----------------------------------------------------------------------------- through the CLI
 
 def run_cli(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -103,6 +112,15 @@ def test_forced_baseline_tier_runs_selftest_on_numpy_1_26():
     assert code_and_version == [0, "1.26.4"]
     report = json.loads("\n".join(lines[:-1]))
     assert report["tier"] == "baseline" and all(r["passed"] for r in report["results"])
+
+
+def test_a_forced_openblas_core_never_reaches_numpy_and_the_log_says_so():
+    code = ("import json, os, sys; from runtime.cli import main; code = main(['selftest', '--json']); "
+            "print(json.dumps([code, os.environ.get('OPENBLAS_CORETYPE')]))")
+    done = run_cli(code, {"OPENBLAS_CORETYPE": "Haswell"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [0, None]
+    assert "ignoring OPENBLAS_CORETYPE=Haswell" in done.stderr
 
 
 def test_forced_baseline_tier_without_legacy_numpy_exits_3_naming_it():

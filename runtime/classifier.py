@@ -50,6 +50,7 @@ class Setup:
     stack: NumericStack
     signer: signing.Signer | None = None  # who signed the package (None: unsigned)
     trusted: signing.TrustedKeys = field(default_factory=signing.TrustedKeys)
+    notes: tuple[str, ...] = ()  # what the launcher changed or chose on its own, logged once the model is ready
 
 
 def sizes(features: CpuFeatures, tier: Tier, threads: int | None = None, workers: int | None = None) -> tuple[int, int]:
@@ -80,12 +81,13 @@ def prepare(model_dir: Path | str, tier: str | None = None, variant: str | None 
     choice = select(features, platform, package.manifest.variants.keys(), tier, variant)
     if trusted.enforced:  # a signed package is accepted whole: the files no variant served reads too
         verify_files(package, beyond_variant(package.manifest, choice.variant))
-    for setting in activate(stack):  # before runtime.engine imports numpy
-        log.info("ignoring %s: OpenBLAS picks this CPU's kernels itself", setting)
+    # Notes wait for the engine to be ready: a refusal after this point stays one stderr line.
+    notes = [f"ignoring {setting}: OpenBLAS picks this CPU's kernels itself"
+             for setting in activate(stack)]  # before runtime.engine imports numpy
     if stack.path is not None:
-        log.info("numeric stack: %s", stack.reason)
+        notes.append(f"numeric stack: {stack.reason}")
     return Setup(features, platform, choice, package, *sizes(features, choice.tier, threads, workers), stack,
-                 signer, trusted)
+                 signer, trusted, tuple(notes))
 
 
 def load_engine(setup: Setup, variant: str | None = None, max_batch: int = DEFAULT_MAX_BATCH,
@@ -103,7 +105,14 @@ def load_engine(setup: Setup, variant: str | None = None, max_batch: int = DEFAU
     )
     engine = Engine(setup.package, variant or setup.choice.variant, settings, EngineLimits(max_batch=max_batch))
     engine.warm_up()
+    for note in setup.notes:
+        if note not in _LOGGED_NOTES:  # once per process, however many engines (selftest, swaps)
+            _LOGGED_NOTES.add(note)
+            log.info("%s", note)
     return engine
+
+
+_LOGGED_NOTES: set[str] = set()
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,24 @@ def test_a_forced_openblas_core_never_reaches_numpy_and_the_log_says_so():
     assert "ignoring OPENBLAS_CORETYPE=Haswell" in done.stderr
 
 
+def test_a_refusal_after_the_stack_is_chosen_is_still_one_stderr_line(tmp_path: Path):
+    """The launcher's notes (a dropped OPENBLAS_CORETYPE, the legacy stack) wait for a ready model:
+    a package that fails while loading is refused in one line, as the CLI promises."""
+    import shutil
+
+    from test_factory_package import DEFAULT_PACKAGE
+
+    broken = tmp_path / "machine-alarms"
+    shutil.copytree(DEFAULT_PACKAGE, broken, ignore=shutil.ignore_patterns("tokenizer.json"))
+    code = f"import sys; from runtime.cli import main; sys.exit(main(['--model', {str(broken)!r}]))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, input="",
+                          env={**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_CORETYPE": "Haswell"},
+                          timeout=600, check=False)
+    assert done.returncode == 4 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "tokenizer.json" in lines[0], done.stderr
+
+
 def test_forced_baseline_tier_without_legacy_numpy_exits_3_naming_it():
     done = run_cli("import sys; from runtime.cli import main; sys.exit(main(['selftest', '--tier', 'baseline']))",
                    {ENV_LEGACY_PATH: ""})

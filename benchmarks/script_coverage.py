@@ -3,7 +3,7 @@ per Unicode script of the task's held-out and validation texts, the share of cha
 into `<unk>` and the pieces per word, for e5's own 250k-piece tokenizer and for each package given
 (a directory, or `REV:PATH` for a package's tokenizer.json at a git revision: the "before").
 
-    python3 benchmarks/script_coverage.py models/packages/machine-alarms \\
+    python3 -m benchmarks.script_coverage models/packages/machine-alarms \\
         feb19d6^:models/packages/machine-alarms feb19d6:models/packages/machine-alarms
 
 A character's script is the first word of its Unicode name (LATIN, CYRILLIC, THAI, CJK, …); a text
@@ -15,15 +15,13 @@ from __future__ import annotations
 import argparse
 import csv
 import subprocess
-import sys
 import unicodedata
 from collections import Counter, defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
 from models.assets import e5_tokenizer_file
+
+REPO = Path(__file__).resolve().parent.parent
 
 TASK = REPO / "models" / "tasks" / "machine-alarms"
 FILES = [*sorted((TASK / "test").glob("*.csv")), *sorted((TASK / "dev").glob("*.csv"))]

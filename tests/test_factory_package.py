@@ -37,7 +37,9 @@ def test_committed_default_package_matches_its_manifest():
     assert len({g["language"] for g in golden}) >= 10
     assert {g["label"] for g in golden} <= set(manifest.labels)
     total = sum(p.stat().st_size for p in DEFAULT_PACKAGE.iterdir() if p.is_file())
-    assert total <= 45_000_000  # the embedded default's budget (issue 14)
+    # The embedded default's budget: 45 MB in issue 14; issue 22 let it grow into the zips' margin
+    # (4.0.0: 46.3 MB, x86_64 zip 94.6 MB of the 100 MB test_bundle holds it to).
+    assert total <= 47_000_000
     assert all(p.stat().st_size <= 20 * 1024 * 1024 for p in DEFAULT_PACKAGE.iterdir())
 
 

@@ -20,6 +20,9 @@ medians over rounds and ratios are taken within a round, then the median of thos
     python3 benchmarks/compare.py --systems torch,engine,bare,"decide stdin" --batches 1,32 --leak-requests 0
                                                        # the headline rows only (fits a 3-minute quiet slot)
     python3 benchmarks/compare.py --render benchmarks/results/compare.json   # redraw table + plot only
+
+Over 500 lines on purpose: the round scheduler, the measurements it interleaves and the report they
+feed are one procedure read top to bottom (the contenders themselves are in contenders.py).
 """
 
 from __future__ import annotations

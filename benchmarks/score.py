@@ -82,22 +82,22 @@ def bare_engine(model: Path, variant: str | None, texts: list[str], count: int,
     windows = [[texts[i % len(texts)] for i in range(start, min(start + WINDOW_RECORDS, count))]
                for start in range(0, count, WINDOW_RECORDS)]
     figures = {}
+
+    def timed(mode: str, run) -> None:
+        started, cpu = time.perf_counter(), time.process_time()
+        run()
+        figures[mode] = count / (time.perf_counter() - started)
+        figures[f"{mode} per CPU-s"] = count / (time.process_time() - cpu)
+
     if "engine workers" in modes:
         engine = Classifier.load(model, variant=variant, threads=run_plan.threads, workers=run_plan.workers).engine
         engine.classify(windows[0])
-        started, cpu = time.perf_counter(), time.process_time()
-        for window in windows:
-            engine.classify(window)
-        figures["engine workers"] = count / (time.perf_counter() - started)
-        figures["engine workers per CPU-s"] = count / (time.process_time() - cpu)
+        timed("engine workers", lambda: [engine.classify(window) for window in windows])
         del engine
     if "windows at once" in modes:
         single = Classifier.load(model, variant=variant, threads=run_plan.threads, workers=1).engine
         with ThreadPoolExecutor(run_plan.workers) as pool:
-            started, cpu = time.perf_counter(), time.process_time()
-            list(pool.map(single.classify, windows))
-            figures["windows at once"] = count / (time.perf_counter() - started)
-            figures["windows at once per CPU-s"] = count / (time.process_time() - cpu)
+            timed("windows at once", lambda: list(pool.map(single.classify, windows)))
     return figures
 
 
@@ -121,6 +121,8 @@ def tree_rss_kb(pid: int) -> int:
 
 def run_score(args: list[str], kill_when=None) -> dict[str, float]:
     """Run `decide score`, polling the tree's RSS; kill_when(): SIGKILL it once that returns True."""
+    if not any(Path("/proc/self/task").glob("*/children")):  # CONFIG_PROC_CHILDREN: tree_rss_kb needs it
+        raise SystemExit("this kernel has no /proc/PID/task/TID/children: the process tree's RSS cannot be polled")
     started = time.perf_counter()
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     process = subprocess.Popen([sys.executable, "-m", "runtime", "score", *args, "-q"], cwd=REPO,
@@ -225,9 +227,10 @@ def main() -> int:
         tmp = Path(tmp_name)
         source = tmp / "in.jsonl"
         write_input(source, texts, args.records)
-        pilot = bare_engine(args.model, variant, texts, min(args.records, args.bare_records))
+        pilot_count = min(args.records, args.bare_records)
+        pilot = bare_engine(args.model, variant, texts, pilot_count)
         mode = max(BARE_MODES, key=pilot.__getitem__)
-        print(f"bare engine pilot on {min(args.records, args.bare_records):,} records: "
+        print(f"bare engine pilot on {pilot_count:,} records: "
               + ", ".join(f"{key} {pilot[key]:,.0f} rec/s" for key in BARE_MODES) + f"; the reference: {mode}")
         before = bare_engine(args.model, variant, texts, args.records, (mode,))
         scored = run_score([str(source), "--output", str(tmp / "out.jsonl"), "--model", str(args.model),
@@ -248,11 +251,16 @@ def main() -> int:
         work = tmp / "resumed.jsonl.parts"
         resume_args = [str(source), "--output", str(tmp / "resumed.jsonl"), "--model", str(args.model), "--variant", variant]
         killed = run_score(resume_args, kill_when=lambda: parts_done(work) >= args.records // 2)
-        at = parts_done(work)
-        resumed = run_score([*resume_args, "--resume"])
-        lost, duplicated = check_ids(tmp / "resumed.jsonl", args.records)
-        print(f"resume: SIGKILL after {killed['seconds']:.0f} s with {at:,} records ({at / args.records * 100:.0f} %) in "
-              f"parts; --resume took {resumed['seconds']:.0f} s: {lost} ids lost, {duplicated} duplicated (target 0, 0)")
+        if not killed["killed"]:  # too few records: the run ended before half of them were in parts
+            print(f"resume: not measured, the run finished before {args.records // 2:,} records were in parts "
+                  "(use more --records)")
+        else:
+            at = parts_done(work)
+            resumed = run_score([*resume_args, "--resume"])
+            lost, duplicated = check_ids(tmp / "resumed.jsonl", args.records)
+            print(f"resume: SIGKILL after {killed['seconds']:.0f} s with {at:,} records ({at / args.records * 100:.0f} %) "
+                  f"in parts; --resume took {resumed['seconds']:.0f} s: {lost} ids lost, {duplicated} duplicated "
+                  "(target 0, 0)")
         if args.ray:
             ray_figures(source, args.model, variant, min(args.ray_records, args.records), tmp)
     return 0

@@ -94,8 +94,8 @@ def test_activate_drops_a_forced_openblas_core(monkeypatch):
 
 # ----------------------------------------------------------------------------- through the CLI
 
-def run_cli(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+def run_cli(code: str, env: dict[str, str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, input=stdin,
                           env={**os.environ, "PYTHONPATH": str(REPO), **env}, timeout=600, check=False)
 
 
@@ -133,9 +133,7 @@ def test_a_refusal_after_the_stack_is_chosen_is_still_one_stderr_line(tmp_path: 
     broken = tmp_path / "machine-alarms"
     shutil.copytree(DEFAULT_PACKAGE, broken, ignore=shutil.ignore_patterns("tokenizer.json"))
     code = f"import sys; from runtime.cli import main; sys.exit(main(['--model', {str(broken)!r}]))"
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, input="",
-                          env={**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_CORETYPE": "Haswell"},
-                          timeout=600, check=False)
+    done = run_cli(code, {"OPENBLAS_CORETYPE": "Haswell"}, stdin="")
     assert done.returncode == 4 and done.stdout == ""
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "tokenizer.json" in lines[0], done.stderr

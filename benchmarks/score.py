@@ -3,8 +3,9 @@
 1. throughput of `decide score` on N short records (≤ 16 tokens) against the bare engine on the
    same windows: a pilot on --bare-records picks the faster way to drive it (`Engine.classify` per
    window with the engine's own workers, as the engine serves; or the plan's windows at once, as
-   `decide score` runs them), which then runs all N records before and after the run, so machine
-   load and a rate that drifts over a long run affect both alike. Target ≥ 90 %.
+   `decide score` runs them), which then runs all N records in a child process, interleaved with
+   the `decide score` run in turns of 20 s (the other one SIGSTOPped), so both see the same
+   machine: a shared host's speed drifts by several percent over minutes. Target ≥ 90 %.
 2. peak RSS of the `decide score` process tree (polled). Target ≤ 500 MB.
 3. resume: a fresh run SIGKILLed once its parts cover ~50 % of the records, then `--resume`; the
    output's ids checked against the input's. Target: 0 lost, 0 duplicated.
@@ -26,7 +27,6 @@ import os
 import platform
 import resource
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,12 +66,15 @@ def write_input(path: Path, texts: list[str], count: int) -> None:
 
 
 BARE_MODES = ("engine workers", "windows at once")
+SLICE_S = 20.0  # turn length when interleaving: short against the minutes over which a shared host's speed drifts
+POLL_S = 0.05
 
 
 def bare_engine(model: Path, variant: str | None, texts: list[str], count: int,
-                modes: tuple[str, ...] = BARE_MODES) -> dict[str, float]:
+                modes: tuple[str, ...] = BARE_MODES, before_timing=lambda: None) -> dict[str, float]:
     """Records/s (and records per CPU-second) of the bare engine on decide score's windows of the
-    first `count` records, for each way of driving it in `modes`."""
+    first `count` records, for each way of driving it in `modes`; `before_timing()` runs once the
+    engine is loaded and warm, just before the clock starts."""
     from concurrent.futures import ThreadPoolExecutor
 
     from runtime.classifier import Classifier
@@ -84,6 +87,7 @@ def bare_engine(model: Path, variant: str | None, texts: list[str], count: int,
     figures = {}
 
     def timed(mode: str, run) -> None:
+        before_timing()
         started, cpu = time.perf_counter(), time.process_time()
         run()
         figures[mode] = count / (time.perf_counter() - started)
@@ -99,6 +103,20 @@ def bare_engine(model: Path, variant: str | None, texts: list[str], count: int,
         with ThreadPoolExecutor(run_plan.workers) as pool:
             timed("windows at once", lambda: list(pool.map(single.classify, windows)))
     return figures
+
+
+def bare_child(args: argparse.Namespace) -> int:
+    """The bare engine as a child process of `interleaved`: load and warm, say "ready", wait for a
+    line on stdin, run all records, print its CPU seconds as JSON (its own clock would count the
+    time it spent stopped: the parent measures its running time)."""
+    def ready() -> None:
+        print("ready", flush=True)
+        sys.stdin.readline()
+
+    figures = bare_engine(args.model, args.variant, short_texts(args.model, args.texts), args.records,
+                          (args.bare_child,), before_timing=ready)
+    print(json.dumps({"cpu_s": args.records / figures[f"{args.bare_child} per CPU-s"]}), flush=True)
+    return 0
 
 
 def tree_rss_kb(pid: int) -> int:
@@ -119,28 +137,88 @@ def tree_rss_kb(pid: int) -> int:
     return total
 
 
-def run_score(args: list[str], kill_when=None) -> dict[str, float]:
-    """Run `decide score`, polling the tree's RSS; kill_when(): SIGKILL it once that returns True."""
+def start_score(args: list[str]) -> subprocess.Popen:
+    """`decide score` in its own process group (so that the whole tree can be stopped and continued)."""
     if not any(Path("/proc/self/task").glob("*/children")):  # CONFIG_PROC_CHILDREN: tree_rss_kb needs it
         raise SystemExit("this kernel has no /proc/PID/task/TID/children: the process tree's RSS cannot be polled")
+    return subprocess.Popen([sys.executable, "-m", "runtime", "score", *args, "-q"], cwd=REPO,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def reap(process: subprocess.Popen) -> resource.struct_rusage | None:
+    """The child's own resource usage (with its reaped children's) once it has exited, else None.
+    wait4 rather than RUSAGE_CHILDREN: another child (the bare engine) may run at the same time."""
+    pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+    if pid == 0:
+        return None
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return usage
+
+
+def score_figures(process: subprocess.Popen, usage: resource.struct_rusage, seconds: float, peak_kb: int) -> dict[str, float]:
+    """A finished decide score run's figures; SystemExit with its message if it failed."""
+    if process.returncode != 0:
+        raise SystemExit(f"decide score failed ({process.returncode}): {process.stderr.read().strip()}")
+    return {"killed": False, "seconds": seconds, "peak_mb": peak_kb / 1024, "cpu_s": usage.ru_utime + usage.ru_stime}
+
+
+def run_score(args: list[str], kill_when=None) -> dict[str, float]:
+    """Run `decide score`, polling the tree's RSS; kill_when(): SIGKILL it once that returns True."""
     started = time.perf_counter()
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    process = subprocess.Popen([sys.executable, "-m", "runtime", "score", *args, "-q"], cwd=REPO,
-                               stderr=subprocess.PIPE, text=True)
+    process = start_score(args)
     peak = 0
-    while process.poll() is None:
+    while (usage := reap(process)) is None:
         peak = max(peak, tree_rss_kb(process.pid))
         if kill_when is not None and kill_when():
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait()
+            os.kill(process.pid, signal.SIGKILL)  # the main process only, as a user would: workers die with it
+            os.wait4(process.pid, 0)
             return {"killed": True, "seconds": time.perf_counter() - started, "peak_mb": peak / 1024}
-        time.sleep(0.05)
-    stderr = process.stderr.read()
-    if process.returncode != 0:
-        raise SystemExit(f"decide score failed ({process.returncode}): {stderr.strip()}")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"killed": False, "seconds": time.perf_counter() - started, "peak_mb": peak / 1024,
-            "cpu_s": after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime}
+        time.sleep(POLL_S)
+    return score_figures(process, usage, time.perf_counter() - started, peak)
+
+
+def interleaved(score_args: list[str], bare_args: list[str]) -> tuple[dict[str, float], dict[str, float]]:
+    """`decide score` and the bare engine (a child process, loaded and warm first) on the same
+    records, taking turns of SLICE_S on the machine while the other is SIGSTOPped; each one's rate
+    is its records over its own running time. A shared host's speed drifts by several percent over
+    minutes (the bare engine's CPU per record on identical windows varied by 8.7 % between sixths
+    of one 600k run): run one after the other, the two would not see the same machine."""
+    bare = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *bare_args], cwd=REPO,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    processes = {"bare": bare}
+    try:
+        if bare.stdout.readline().strip() != "ready":
+            raise SystemExit("the bare engine child did not start (see its error above)")
+        os.killpg(bare.pid, signal.SIGSTOP)
+        bare.stdin.write("go\n")  # read once it is continued
+        bare.stdin.flush()
+        processes["score"] = start_score(score_args)
+        running, usage = dict.fromkeys(processes, 0.0), {}
+        active, since, peak, turns = "score", time.perf_counter(), 0, 0
+        while len(usage) < len(processes):
+            for name, process in processes.items():
+                if name not in usage and (used := reap(process)) is not None:
+                    usage[name] = used
+            now, other = time.perf_counter(), "bare" if active == "score" else "score"
+            if active in usage or (other not in usage and now - since >= SLICE_S):
+                running[active] += now - since
+                if active not in usage:
+                    os.killpg(processes[active].pid, signal.SIGSTOP)
+                if other not in usage:
+                    os.killpg(processes[other].pid, signal.SIGCONT)
+                active, since, turns = other, now, turns + 1
+            if "score" not in usage:
+                peak = max(peak, tree_rss_kb(processes["score"].pid))
+            time.sleep(POLL_S)
+    finally:
+        for process in processes.values():
+            if process.returncode is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    if bare.returncode != 0:
+        raise SystemExit(f"the bare engine child failed ({bare.returncode})")
+    scored = score_figures(processes["score"], usage["score"], running["score"], peak)
+    return {**scored, "turns": turns}, {"seconds": running["bare"], **json.loads(bare.stdout.readline())}
 
 
 def parts_done(work: Path) -> int:
@@ -210,7 +288,10 @@ def main() -> int:
                         help="records of the pilot that picks the faster way to drive the bare engine")
     parser.add_argument("--ray", action="store_true", help="also the Ray Data figures (ray extra)")
     parser.add_argument("--ray-records", type=int, default=20_000)
+    parser.add_argument("--bare-child", choices=BARE_MODES, help=argparse.SUPPRESS)  # see bare_child
     args = parser.parse_args()
+    if args.bare_child:
+        return bare_child(args)
 
     from runtime.classifier import prepare
     from runtime.score_pool import plan, scoring_cores
@@ -232,17 +313,19 @@ def main() -> int:
         mode = max(BARE_MODES, key=pilot.__getitem__)
         print(f"bare engine pilot on {pilot_count:,} records: "
               + ", ".join(f"{key} {pilot[key]:,.0f} rec/s" for key in BARE_MODES) + f"; the reference: {mode}")
-        before = bare_engine(args.model, variant, texts, args.records, (mode,))
-        scored = run_score([str(source), "--output", str(tmp / "out.jsonl"), "--model", str(args.model),
-                            "--variant", variant])
-        after = bare_engine(args.model, variant, texts, args.records, (mode,))
-        best, best_cpu = (statistics.mean((before[key], after[key])) for key in (mode, f"{mode} per CPU-s"))
+        bare_args = ["--bare-child", mode, "--records", str(args.records), "--model", str(args.model),
+                     "--variant", variant, *(["--texts", str(args.texts)] if args.texts else [])]
+        scored, bare = interleaved([str(source), "--output", str(tmp / "out.jsonl"), "--model", str(args.model),
+                                    "--variant", variant], bare_args)
+        best, best_cpu = args.records / bare["seconds"], args.records / bare["cpu_s"]
         rate, per_cpu = args.records / scored["seconds"], args.records / scored["cpu_s"]
-        print(f"bare engine ({mode}) on all {args.records:,} records: {before[mode]:,.0f} rec/s before the run, "
-              f"{after[mode]:,.0f} after; {best_cpu:,.0f} records per CPU-second (mean)")
-        print(f"decide score ({plan(scoring_cores()).describe()}): {rate:,.0f} rec/s incl. start-up "
+        print(f"interleaved in turns of {SLICE_S:.0f} s ({scored['turns']} switches), each timed over its own "
+              "running time:")
+        print(f"  bare engine ({mode}) on all {args.records:,} records: {best:,.0f} rec/s, "
+              f"{best_cpu:,.0f} records per CPU-second")
+        print(f"  decide score ({plan(scoring_cores()).describe()}): {rate:,.0f} rec/s incl. start-up "
               f"= {rate / best * 100:.1f} % of the bare engine (target ≥ 90 %); {per_cpu:,.0f} records per "
-              f"CPU-second = {per_cpu / best_cpu * 100:.1f} % (the same comparison in CPU time: robust to load)")
+              f"CPU-second = {per_cpu / best_cpu * 100:.1f} %")
         # Polled, not ru_maxrss: a child's ru_maxrss counts the parent's pages it shared before exec.
         print(f"peak RSS of the decide score process tree {scored['peak_mb']:.0f} MB (polled every 50 ms; "
               "target ≤ 500 MB)")

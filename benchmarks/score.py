@@ -171,7 +171,7 @@ def run_score(args: list[str], kill_when=None) -> dict[str, float]:
         peak = max(peak, tree_rss_kb(process.pid))
         if kill_when is not None and kill_when():
             os.kill(process.pid, signal.SIGKILL)  # the main process only, as a user would: workers die with it
-            os.wait4(process.pid, 0)
+            process.wait()
             return {"killed": True, "seconds": time.perf_counter() - started, "peak_mb": peak / 1024}
         time.sleep(POLL_S)
     return score_figures(process, usage, time.perf_counter() - started, peak)

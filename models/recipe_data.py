@@ -32,6 +32,7 @@ from models.vocab import (
     tail_pieces,
     tokenizer_from_json,
     trim_tokenizer_json,
+    vocabulary_texts,
 )
 
 
@@ -164,6 +165,7 @@ def prepare_data(recipe: Recipe) -> Prepared:
     data = load_examples(recipe)
     splits = recipe_splits(recipe, data)
     base_json = with_truncation(base_tokenizer_json(recipe), recipe.max_length)
+    base_tokenizer = tokenizer_from_json(base_json)
     kept = None
     tokenizer_json = base_json
     transfer = transfer_texts(recipe, splits) if recipe.feature_distill is not None else []
@@ -175,12 +177,18 @@ def prepare_data(recipe: Recipe) -> Prepared:
         if recipe.tail_table:  # every other base piece too, after the exact ones (models/word_table.py)
             exact_rows = len(kept)
             kept = np.concatenate([kept, tail_pieces(base_json, kept, recipe.tail_table.get("pieces"))])
+        if recipe.transfer_text == "vocabulary":  # after the selection: made of the exact pieces
+            seen = set(transfer)
+            extra = [t for t in vocabulary_texts(base_json, base_tokenizer, kept[:exact_rows] if exact_rows else kept,
+                                                 seed=recipe.split_seed) if t not in seen]
+            transfer = transfer + extra
+            log(f"transfer set: {len(extra)} pseudo-texts of the kept pieces, every script alike")
         tokenizer_json = trim_tokenizer_json(base_json, kept, recipe.max_length)
         log(f"vocabulary: kept {len(kept)} of {len(base_json['model']['vocab'])} pieces"
             + (f", {exact_rows} of them exact" if exact_rows is not None else ""))
     tokenizer = tokenizer_from_json(tokenizer_json)
     pad_token = "<pad>" if tokenizer.token_to_id("<pad>") is not None else "[PAD]"
-    return Prepared(data, splits, sorted_labels(data.examples), tokenizer_from_json(base_json), tokenizer_json,
+    return Prepared(data, splits, sorted_labels(data.examples), base_tokenizer, tokenizer_json,
                     tokenizer, kept, tokenizer.token_to_id(pad_token), transfer, exact_rows)
 
 

@@ -23,7 +23,7 @@ from models.student_arch import HEADS, parse_student_arch
 RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILTIN_DATASETS = ("chatterbot-topics", "rotten-tomatoes")
-TRANSFER_TEXTS = ("", "chatterbot-corpus")
+TRANSFER_TEXTS = ("", "chatterbot-corpus", "vocabulary")
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class Recipe:
     # Feature distillation (models/distill.py): the teacher is frozen e5 (no fine-tune), the student
     # learns its features on the training texts + augmented copies + `transfer_text`; `teacher` must be None.
     feature_distill: DistillConfig | None = None
-    transfer_text: str = ""  # unlabelled text for feature distillation: "" or "chatterbot-corpus"
+    transfer_text: str = ""  # unlabelled text for feature distillation: "", "chatterbot-corpus" or "vocabulary" (models/vocab.py)
     calibrate: bool = True  # fit a softmax temperature on the validation split
     # The feature-distilled student's shape (models/hybrid.py): {} = the transformer of `student_layers`;
     # {"kind": "hybrid", "conv_layers": K, "attention_layers": A, "kernel": k, ...} = the conv-attention hybrid.
@@ -224,6 +224,8 @@ def recipe_from_dict(data: dict) -> Recipe:
             raise ValueError("feature_distill has its own (frozen) teacher: set teacher to null")
     if values.get("transfer_text", "") not in TRANSFER_TEXTS:
         raise ValueError(f"transfer_text must be one of {', '.join(map(repr, TRANSFER_TEXTS))}")
+    if values.get("transfer_text") == "vocabulary" and not values.get("vocab_budget"):
+        raise ValueError('transfer_text "vocabulary" is made of the exact pieces a vocab_budget keeps: set one')
     _check_student(values)
     if values.get("extra_data") and values.get("dataset") in BUILTIN_DATASETS:
         raise ValueError("extra_data joins files to a dataset file, not to a built-in loader")

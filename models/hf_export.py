@@ -81,6 +81,9 @@ def _put_back(model: onnx.ModelProto, moved: tuple[str, onnx.TensorProto] | None
 
 def _fuse(model: onnx.ModelProto, folder: HfFolder) -> tuple[onnx.ModelProto, dict]:
     """ORT's BERT fusion when it matches every layer; (model, {}) unchanged otherwise."""
+    from runtime.offline import import_onnxruntime
+
+    import_onnxruntime()  # telemetry off before the submodule loads onnxruntime
     from onnxruntime.transformers.optimizer import optimize_model
 
     layers = folder.size("num_hidden_layers", "n_layers")

@@ -53,6 +53,9 @@ def export_hybrid(model: HybridClassifier, path: Path, pad_id: int) -> None:
 
 def fuse_hybrid_ops(plain_path: Path, fused_path: Path, model: HybridClassifier) -> dict[str, int]:
     """ORT's BERT pattern fusion (portable, opt_level 0); every attention block must become Attention."""
+    from runtime.offline import import_onnxruntime
+
+    import_onnxruntime()  # telemetry off before the submodule loads onnxruntime
     from onnxruntime.transformers.optimizer import optimize_model
 
     hidden = model.embeddings.position_embeddings.embedding_dim

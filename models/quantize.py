@@ -209,7 +209,9 @@ def activation_stats(fp32_path: Path, tensors: Sequence[str],
     Padded positions are left out: attention and pooling mask them, so their values must not
     widen the scale every real token is quantized with.
     """
-    import onnxruntime as ort
+    from runtime.offline import import_onnxruntime
+
+    ort = import_onnxruntime()
 
     model = onnx.load(str(fp32_path), load_external_data=False)
     known = {o.name for o in model.graph.output}
@@ -237,7 +239,9 @@ def activation_stats(fp32_path: Path, tensors: Sequence[str],
 
 def _session_beside(model: onnx.ModelProto, original: Path, options):
     """An ORT session for an in-memory graph whose external data lives next to `original`."""
-    import onnxruntime as ort
+    from runtime.offline import import_onnxruntime
+
+    ort = import_onnxruntime()
 
     probe = original.parent / f".{original.stem}.calibrate.onnx"
     onnx.save(model, str(probe))
@@ -316,6 +320,9 @@ def quantize_dynamic_graph(fp32_path: Path, out_path: Path, variant: Int8Variant
     """ORT's dynamic quantization of the MatMul and Attention weights (embeddings untouched)."""
     import logging
 
+    from runtime.offline import import_onnxruntime
+
+    import_onnxruntime()  # telemetry off before the submodule loads onnxruntime
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     logging.disable(logging.WARNING)  # its advice to run its pre-processing, on every call: not for these graphs

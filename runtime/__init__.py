@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.offline import keep_offline
+
+# Before any module of decide imports onnxruntime (runtime/offline.py: its telemetry, issue 33).
+keep_offline()
+
 __version__ = "0.1.0"
 __all__ = ["Answer", "Classifier", "__version__"]
 

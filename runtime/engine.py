@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-import onnxruntime as ort
 
 from runtime.batching import (
     DEFAULT_MAX_BATCH,
@@ -22,6 +21,7 @@ from runtime.batching import (
     plan_batches,
     spread_batches,
 )
+from runtime.offline import import_onnxruntime
 from runtime.package import (
     Package,
     PackageError,
@@ -31,6 +31,8 @@ from runtime.package import (
     verify_golden_file,
 )
 from runtime.text import DEFAULT_BUCKETS, Encoded, TextEncoder, bucket_lengths, pad_batch
+
+ort = import_onnxruntime()
 
 _OPT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,

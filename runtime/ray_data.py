@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runtime.offline import TELEMETRY_VARIABLE
 from runtime.package import MANIFEST_NAME, load_package
 from runtime.score_input import FORMATS, InputError, open_source, require_pyarrow
 
@@ -195,11 +196,15 @@ def _start(ray: Any, address: str, cpus: int) -> None:
     """ray.init for a local instance (`local`) or an existing cluster, quiet on stderr."""
     logging.getLogger("ray").setLevel(logging.WARNING)
     options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
+    # A cluster's workers do not inherit this process's environment: onnxruntime's telemetry
+    # stays off in them too (runtime/offline.py), with this process's value of the variable.
+    env_vars = {TELEMETRY_VARIABLE: os.environ[TELEMETRY_VARIABLE]}
     if address == "local":
-        ray.init(num_cpus=cpus, **options)
+        ray.init(num_cpus=cpus, runtime_env={"env_vars": env_vars}, **options)
     else:
         # The runtime package travels with the job, so the workers answer with this decide's code.
-        ray.init(address=address, runtime_env={"py_modules": [str(Path(__file__).resolve().parent)]}, **options)
+        ray.init(address=address, runtime_env={"py_modules": [str(Path(__file__).resolve().parent)],
+                                               "env_vars": env_vars}, **options)
     ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty()
 
 

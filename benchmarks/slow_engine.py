@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from runtime import cli
+from runtime import classifier, cli
 
 
 def slowed(load_engine: Callable[..., Any], per_call_ms: float, per_text_ms: float) -> Callable[..., Any]:
-    """`cli.load_engine` whose engines sleep before each classify call."""
+    """`classifier.load_engine` whose engines sleep before each classify call."""
     def load(*args: Any, **kwargs: Any) -> Any:
         engine = load_engine(*args, **kwargs)
         run = engine.classify_encoded
@@ -40,7 +40,8 @@ def command(per_call_ms: float, per_text_ms: float) -> list[str]:
 
 def main(argv: list[str]) -> int:
     per_call_ms, per_text_ms = float(argv[0]), float(argv[1])
-    cli.load_engine = slowed(cli.load_engine, per_call_ms, per_text_ms)
+    # every command loads its engine here (cli.load_engine, decide score's in-process workers)
+    classifier.load_engine = slowed(classifier.load_engine, per_call_ms, per_text_ms)
     return cli.main(argv[2:])
 
 

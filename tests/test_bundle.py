@@ -268,3 +268,37 @@ def test_runs_in_a_clean_debian_11_root(bundle: Path, clean_bullseye: Path) -> N
     assert answer.returncode == EXIT_OK, answer.stderr
     reply = json.loads(answer.stdout)
     assert reply["id"] == 7 and "label" in reply
+
+
+def test_frozen_binary_stays_offline_and_writes_only_where_told(bundle: Path, tmp_path: Path) -> None:
+    # issue 33, as tests/test_offline.py from source: the zip's binary with CI unset, an empty
+    # read-only HOME and working directory, serving for over a minute under strace.
+    import csv
+
+    from offline_runs import Scenario, drive_socket, drive_stdio, drive_to_end, run_all
+    from syscall_trace import strace
+
+    binary = strace()
+    if binary is None:
+        pytest.skip("strace is not installed and cannot be installed here: the frozen binary's "
+                    "network and file-system trace is not checked")
+    run_dir, out_dir, records = tmp_path / "run", tmp_path / "out", tmp_path / "records.csv"
+    for directory in (run_dir, out_dir):
+        directory.mkdir(mode=0o700)
+    with records.open("w", newline="", encoding="utf-8") as handle:
+        csv.writer(handle).writerows([["id", "text"], *([f"r{i}", f"pump {i} hot"] for i in range(2000))])
+    decide = str(bundle / "decide")
+    scenarios = [
+        Scenario("stdio", [decide], drive_stdio),
+        Scenario("socket", [decide, "serve", "--socket", str(run_dir / "decide.sock"), "--ready"], drive_socket,
+                 allowed=[run_dir]),
+        # two worker processes: the frozen binary started again by multiprocessing
+        Scenario("score", [decide, "score", str(records), "--output", str(out_dir / "scored.csv"), "--processes",
+                           "2"], drive_to_end, allowed=[out_dir]),
+    ]
+    found = run_all(binary, scenarios, tmp_path / "home", tmp_path / "work", tmp_path / "logs")
+    outcomes = {s.name: s.outcome for s in scenarios}
+    for scenario in scenarios[:2]:
+        assert scenario.sent >= 10 and scenario.served == scenario.sent, outcomes
+    assert len((out_dir / "scored.csv").read_text().splitlines()) == 2001, outcomes
+    assert found == {s.name: [] for s in scenarios}, (found, outcomes)

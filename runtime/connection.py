@@ -14,6 +14,9 @@ The rules that keep answers from being lost (issue 23):
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import struct
+import termios
 import time
 from typing import TYPE_CHECKING
 
@@ -27,6 +30,17 @@ READ_CHUNK = 1 << 16
 WRITE_BUFFER_HIGH = 1 << 20  # bytes buffered for a slow reader before the writer waits for it
 PENDING_PER_CONNECTION = 256  # answers a connection may owe before we stop reading it
 CLOSE_FLUSH_S = 2.0  # closing: time for a client to take its last bytes before we reset
+
+
+def unread_by_peer(transport: asyncio.BaseTransport) -> int:
+    """Bytes written to the socket that the peer has not taken yet (SIOCOUTQ: for a Unix socket,
+    not yet read by the client; over TCP, not yet acknowledged); 0 if the kernel cannot say."""
+    sock = transport.get_extra_info("socket")
+    try:
+        raw = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, struct.pack("i", 0))
+    except (OSError, AttributeError, ValueError):
+        return 0
+    return struct.unpack("i", raw)[0]
 
 
 class Connection:
@@ -70,6 +84,11 @@ class Connection:
         if self.partial_since is not None:
             if now - max(self.partial_since, self.resumed) > idle_s:
                 return f"an incomplete line for {idle_s:g} s"
+            return None
+        if unread_by_peer(self.writer.transport):
+            # Answers sit in the kernel's send queue: the client is still reading them (slowly, on
+            # a loaded box), so the exchange is not over and the idle clock starts when it is.
+            self.last_activity = now
             return None
         if not self.owed_count and now - max(self.last_activity, self.resumed) > idle_s:
             return f"idle for {idle_s:g} s"

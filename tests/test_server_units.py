@@ -340,3 +340,26 @@ def test_a_closing_connection_leaves_the_waiting_line_without_taking_a_place():
         return len(admission.waiting), [p.connection for p in queue.items]
 
     assert asyncio.run(scenario()) == (0, ["B"])
+
+
+def test_bytes_the_client_has_not_read_yet_are_seen_in_the_kernel_queue():
+    # A connection whose answers wait in the kernel for a slow client is not idle (issue 33).
+    from runtime.connection import unread_by_peer
+
+    class Transport:
+        def __init__(self, sock: socket.socket):
+            self.sock = sock
+
+        def get_extra_info(self, name: str) -> socket.socket:
+            return self.sock
+
+    server, client = socket.socketpair()
+    with server, client:
+        assert unread_by_peer(Transport(server)) == 0
+        server.sendall(b"x" * 5000)
+        assert unread_by_peer(Transport(server)) >= 5000
+        received = 0
+        while received < 5000:
+            received += len(client.recv(8192))
+        assert unread_by_peer(Transport(server)) == 0
+    assert unread_by_peer(Transport(server)) == 0  # a closed socket: the kernel cannot say

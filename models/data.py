@@ -50,6 +50,7 @@ class Example:
     language: str
     group: str = ""  # rows of one group (translations, near-duplicates) stay in one split
     kind: str = ""  # what the text is for the abstention figures (models/scope_metrics.py); "" = not said
+    style: str = ""  # how it is written (plain, narrative, polite, handover, terse, typo…): flags per style
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ def classify_probs(engine, texts: list[str], chunk: int = 64) -> np.ndarray:
 def scope_figures(package, variant: str, examples: list, results: list) -> dict:
     """The abstention report of one variant (models/scope_metrics.py) on a file with a kind column:
     the runtime's own decision for every text; for cases also per language."""
-    from models.scope_metrics import CASE, scope_report
+    from models.scope_metrics import CASE, scope_report, style_report
     from runtime.abstain import decide
 
     policy = package.manifest.abstention_policy(variant)
@@ -60,6 +60,9 @@ def scope_figures(package, variant: str, examples: list, results: list) -> dict:
         language: {"n": len(rows), "leaning_accuracy": round(sum(d.leaning == t for t, d in rows) / len(rows), 4),
                    "flagged": round(sum(d.abstained for _, d in rows) / len(rows), 4)}
         for language, rows in sorted(by_language.items())}
+    styles = [e.style for e in examples]
+    if any(styles):
+        report["by_style"] = style_report(kinds, styles, truths, decisions)
     return report
 
 
@@ -213,7 +216,7 @@ def format_evaluation(report: dict) -> str:
 
 def _format_abstention(variants: dict) -> list[str]:
     """Per variant the flag rates per kind, and for fp32 (or the first) the cases per language."""
-    from models.scope_metrics import format_scope
+    from models.scope_metrics import format_scope, format_styles
 
     lines: list[str] = []
     for name, result in variants.items():
@@ -221,7 +224,10 @@ def _format_abstention(variants: dict) -> list[str]:
             continue
         report = dict(result["abstention"])
         by_language = report.pop("case_by_language", {})
+        by_style = report.pop("by_style", {})
         lines += ["", f"### Abstention ({name}): flagged per kind of text (%)", "", format_scope(report).rstrip("\n")]
+        if by_style:
+            lines += ["", f"### Per writing style ({name}, %)", "", format_styles(by_style).rstrip("\n")]
         if by_language and name == next(iter(variants)):
             lines += ["", f"### Cases per language ({name}): leaning accuracy / flagged (%)", "",
                       "| language | n | leaning right | flagged |", "|---|---|---|---|"]

@@ -132,7 +132,7 @@ def validation_examples(recipe: Recipe, data: LoadedData) -> list[Example]:
             if label not in labels:
                 raise DataError(f"{path}: label {label!r} is no label of the training data "
                                 f"(labels: {', '.join(sorted(labels))})")
-            kept.append(Example(example.text, label, example.language, example.group, example.kind))
+            kept.append(Example(example.text, label, example.language, example.group, example.kind, example.style))
         where = Path(part.source).relative_to(REPO_ROOT) if Path(part.source).is_relative_to(REPO_ROOT) else path
         log(f"validation: {len(part.examples) - dropped} rows of {where}"
             + (f" ({dropped} left out: non-cases without a negative label, or training texts)" if dropped else ""))

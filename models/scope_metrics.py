@@ -64,6 +64,33 @@ def scope_report(kinds: Sequence[str], truths: Sequence[str | None], decisions: 
     return report
 
 
+def style_report(kinds: Sequence[str], styles: Sequence[str], truths: Sequence[str | None],
+                 decisions: Sequence[Decision]) -> dict:
+    """Per writing style (the evaluation file's `style` column): cases — how many, flagged,
+    leaning right — and non-cases — how many, flagged. Texts without a style are left out."""
+    report: dict[str, dict] = {}
+    for style in sorted({s for s in styles if s}):
+        rows = [(k, t, d) for k, s, t, d in zip(kinds, styles, truths, decisions) if s == style]
+        cases = [(t, d) for k, t, d in rows if k == CASE]
+        others = [d for k, _, d in rows if k in NON_CASES]
+        report[style] = {"cases": len(cases), "cases_flagged": _share(sum(d.abstained for _, d in cases), len(cases)),
+                         "cases_leaning_right": _share(sum(d.leaning == t for t, d in cases), len(cases)),
+                         "non_cases": len(others), "non_cases_flagged": _share(sum(d.abstained for d in others),
+                                                                               len(others))}
+    return report
+
+
+def format_styles(report: dict) -> str:
+    """The per-style report as a Markdown table."""
+    def pct(value: float | None) -> str:
+        return "–" if value is None else f"{100 * value:.1f}"
+    lines = ["| style | cases | cases flagged | leaning right | non-cases | non-cases flagged |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {style} | {e['cases']} | {pct(e['cases_flagged'])} | {pct(e['cases_leaning_right'])} | "
+              f"{e['non_cases']} | {pct(e['non_cases_flagged'])} |" for style, e in report.items()]
+    return "\n".join(lines) + "\n"
+
+
 def format_scope(report: dict) -> str:
     """The report as a Markdown table."""
     lines = ["| kind | texts | flagged | reasons | leaning right | answered right | other |", "|---|---|---|---|---|---|---|"]

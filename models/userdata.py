@@ -10,7 +10,9 @@ Optional columns: `lang` (the split is stratified per language, and metrics are 
 language), `group` (rows sharing a group — translations, near-duplicates — land in the same
 split, so the held-out figures are not inflated by a copy in the training data) and `kind`
 (what a text is for `models evaluate`'s abstention figures, models/scope_metrics.py: `case`,
-`unreadable`, or a non-case — `out_of_scope`, `resolved`, `noise` — whose label may be empty).
+`unreadable`, or a non-case — `out_of_scope`, `resolved`, `noise` — whose label may be empty)
+and `style` (how a text is written — plain, narrative, polite, handover, terse, typo or any
+name of yours: `models evaluate` then reports the flag rates per style).
 A file of negatives (`train --negatives`) needs no label column: every row is "not a case".
 """
 
@@ -31,6 +33,7 @@ from models.scope_metrics import KINDS, NON_CASES
 LANG_COLUMN = "lang"
 GROUP_COLUMN = "group"
 KIND_COLUMN = "kind"
+STYLE_COLUMN = "style"
 NO_LANGUAGE = "und"  # BCP 47 "undetermined": a file without a lang column
 VAL_SHARE = 0.1
 TEST_SHARE = 0.1
@@ -74,6 +77,7 @@ class _Row:
     language: str
     group: str
     kind: str = ""
+    style: str = ""
 
 
 def _decode(path: Path, raw: bytes) -> str:
@@ -126,7 +130,7 @@ def _read_csv(path: Path, text: str, text_column: str, label_column: str | None)
         values = {name: fields[i] for name, i in index.items()}  # a repeated header name: its first column
         rows.append(_Row(line, values[text_column], values[label_column] if label_column is not None else None,
                          values.get(LANG_COLUMN, "").strip(), values.get(GROUP_COLUMN, "").strip(),
-                         values.get(KIND_COLUMN, "").strip()))
+                         values.get(KIND_COLUMN, "").strip(), values.get(STYLE_COLUMN, "").strip()))
     return rows, set(header)
 
 
@@ -151,7 +155,7 @@ def _read_jsonl(path: Path, text: str, text_column: str, label_column: str | Non
         columns |= set(item)
         rows.append(_Row(line_no, item[text_column], item[label_column] if label_column is not None else None,
                          str(item.get(LANG_COLUMN) or "").strip(), str(item.get(GROUP_COLUMN) or "").strip(),
-                         str(item.get(KIND_COLUMN) or "").strip()))
+                         str(item.get(KIND_COLUMN) or "").strip(), str(item.get(STYLE_COLUMN) or "").strip()))
     if not rows:
         raise DataError(f"{path}: empty file")
     return rows, columns
@@ -229,7 +233,8 @@ def read_labelled_file(path: Path | str, text_column: str = "text", label_column
         raise DataError(f"{path}: line {numeric[0].line}, column {text_column!r}: the text column holds numbers, "
                         f"not text ({len(numeric)} of {len(texts)} rows); name the text column with --text-column")
 
-    examples = _unambiguous([Example(body, text_label, row.language or NO_LANGUAGE, row.group, row.kind)
+    examples = _unambiguous([Example(body, text_label, row.language or NO_LANGUAGE, row.group, row.kind,
+                                     row.style)
                              for row, body, text_label in texts], skipped)
 
     if not examples:

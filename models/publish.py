@@ -1,6 +1,7 @@
 """One path from a model to a package, for training, recipes, import and re-quantization.
 
-    export the FP32 graph → quantize the int8 variants → evaluate every variant through
+    export the FP32 graph → quantize the int8 variants → share one copy of the weights
+    (models/shared_weights.py) → evaluate every variant through
     `runtime.engine.Engine` → gate the int8 variants → calibrate → abstention (negative labels,
     novelty score and thresholds: models/abstention.py) → golden set → manifest
 
@@ -122,6 +123,7 @@ class Draft:
     golden: FileEntry | None = None
     provenance: dict = field(default_factory=dict)
     rejected: dict[str, list[str]] = field(default_factory=dict)
+    smoothing: dict[str, list] = field(default_factory=dict)  # SmoothQuant factors per weight (quantize)
 
     def manifest(self) -> Manifest:
         """The manifest as far as the steps have got."""
@@ -211,10 +213,32 @@ def quantize(draft: Draft) -> None:
     feeds = text_feeds(encoder, source.calibration_texts)
     record = calibration_record(feeds, source.calibration_source)
     storage = "int8" + "".join(fp32.weights_storage.partition(";")[1:])
-    for name, path in quantize_variants(draft.staging / fp32.file.file, draft.staging, feeds, names).items():
+    for name, path in quantize_variants(draft.staging / fp32.file.file, draft.staging, feeds, names,
+                                        smoothing=draft.smoothing).items():
         draft.variants[name] = Variant(name=name, file=file_entry(draft.staging, path.name), precision="int8",
                                        data_files=fp32.data_files, weights_storage=storage,
                                        quantization=VARIANTS_BY_NAME[name].settings(record))
+
+
+def share(draft: Draft) -> None:
+    """One copy of the weights: the FP32 graph's fp16 weights in weights.bin, the int8 graphs
+    quantizing them from there at load (models/shared_weights.py), so a variant costs its graph."""
+    from models.shared_weights import WEIGHTS_FILE, share_weights
+
+    int8 = [name for name, v in draft.variants.items() if v.precision == "int8"]
+    if not int8:
+        return
+    staging = draft.staging
+    record = share_weights(staging / draft.variants["fp32"].file.file,
+                           [staging / draft.variants[name].file.file for name in int8], draft.smoothing)
+    draft.provenance["shared_weights"] = record
+    weights = file_entry(staging, WEIGHTS_FILE)
+    for name, variant in list(draft.variants.items()):
+        storage = ("fp16 in weights.bin, cast to float32 at load" if variant.precision == "fp32" else
+                   "fp16 in weights.bin, quantized to int8 at load (ORT folds the constant nodes)")
+        kept = [entry for entry in variant.data_files if entry.file != WEIGHTS_FILE]
+        draft.variants[name] = replace(variant, file=file_entry(staging, variant.file.file),
+                                       data_files=(*kept, weights), weights_storage=storage)
 
 
 def evaluate(draft: Draft) -> None:
@@ -343,7 +367,7 @@ def golden(draft: Draft) -> None:
                                        golden_tolerance=golden_tolerance(name, expected[name], reference[chosen]))
 
 
-STEPS: tuple[Callable[[Draft], None], ...] = (export, quantize, evaluate, gate, calibrate, scope, golden)
+STEPS: tuple[Callable[[Draft], None], ...] = (export, quantize, share, evaluate, gate, calibrate, scope, golden)
 
 
 # ----------------------------------------------------------------------------------------- the package

@@ -129,7 +129,7 @@ def smoothing_targets(model: onnx.ModelProto) -> dict[str, tuple[onnx.NodeProto,
 
 
 def smooth_activation_outliers(model: onnx.ModelProto, stats: dict[str, TensorStats],
-                               alpha: float = SMOOTHING_ALPHA) -> int:
+                               alpha: float = SMOOTHING_ALPHA, history: dict[str, list] | None = None) -> int:
     """SmoothQuant (Xiao et al. 2023): move per-channel activation outliers into the weights.
 
     X·W = (X / s)·(s W) per input channel k, s_k = max|X_k|^alpha / max|W_k|^(1 - alpha).
@@ -137,7 +137,10 @@ def smooth_activation_outliers(model: onnx.ModelProto, stats: dict[str, TensorSt
     one per-tensor uint8 scale fixed for every call then leaves the typical channels a handful
     of steps. A Mul by 1/s before the quantized op (cheap, elementwise) and rows of W scaled by s
     flatten them. Changes the graph in place; returns how many activations were smoothed.
+    `history` (weight name → steps) receives each weight's factors in the order applied, so the
+    same float32 products can be made again from its stored fp16 copy (models/shared_weights.py).
     """
+    history = {} if history is None else history
     graph = model.graph
     weights = {init.name: init for init in graph.initializer}
     producers = {out: node for node in graph.node for out in node.output}
@@ -151,7 +154,7 @@ def smooth_activation_outliers(model: onnx.ModelProto, stats: dict[str, TensorSt
         scale = np.clip(act ** alpha / wmax ** (1 - alpha), 1e-2, 1e2)
         consumers = [n for n in graph.node if tensor in n.input and n.op_type in QUANTIZED_OPS]
         producer = producers.get(tensor)
-        if producer is not None and _fold_into_attention_values(producer, weights, graph, 1.0 / scale):
+        if producer is not None and _fold_into_attention_values(producer, weights, graph, 1.0 / scale, history):
             smoothed = tensor  # the attention context is already divided by s: no Mul op
         else:
             smoothed = f"{tensor}__smoothed"
@@ -163,6 +166,7 @@ def smooth_activation_outliers(model: onnx.ModelProto, stats: dict[str, TensorSt
         for consumer in consumers:
             scaled_name = consumer.input[1]
             scaled = numpy_helper.to_array(weights[scaled_name]).astype(np.float32) * scale[:, None].astype(np.float32)
+            history.setdefault(scaled_name, []).append(("rows", scale.astype(np.float32)))
             graph.initializer.remove(weights[scaled_name])
             weights[scaled_name] = numpy_helper.from_array(scaled, scaled_name)
             graph.initializer.append(weights[scaled_name])
@@ -172,7 +176,7 @@ def smooth_activation_outliers(model: onnx.ModelProto, stats: dict[str, TensorSt
 
 
 def _fold_into_attention_values(attention: onnx.NodeProto, weights: dict, graph: onnx.GraphProto,
-                                factor: np.ndarray) -> bool:
+                                factor: np.ndarray, history: dict[str, list]) -> bool:
     """Scale the V columns (and bias) of a fused Attention's QKV projection by `factor` per channel.
 
     The context is softmax-weighted sums of V rows, so its channel c scales with V's column c:
@@ -190,6 +194,7 @@ def _fold_into_attention_values(attention: onnx.NodeProto, weights: dict, graph:
         return False
     w[:, 2 * hidden:] *= factor.astype(np.float32)
     b[2 * hidden:] *= factor.astype(np.float32)
+    history.setdefault(weight.name, []).append(("columns", 2 * hidden, factor.astype(np.float32), w.shape[1]))
     for old, new in ((weight, numpy_helper.from_array(w, weight.name)), (bias, numpy_helper.from_array(b, bias.name))):
         graph.initializer.remove(old)
         graph.initializer.append(new)
@@ -339,8 +344,8 @@ def quantize_dynamic_graph(fp32_path: Path, out_path: Path, variant: Int8Variant
 
 
 def quantize_variants(fp32_graph: Path, out_dir: Path, calibration_feeds: Iterable[dict[str, np.ndarray]],
-                      names: Sequence[str] = DEFAULT_INT8,
-                      alpha: float = SMOOTHING_ALPHA) -> dict[str, Path]:
+                      names: Sequence[str] = DEFAULT_INT8, alpha: float = SMOOTHING_ALPHA,
+                      smoothing: dict[str, list] | None = None) -> dict[str, Path]:
     """Write `out_dir/model-<name>.onnx` for each int8 variant named; returns name → path.
 
     `fp32_graph` is the package's FP32 graph (fp16 storage allowed); its external-data files
@@ -348,10 +353,14 @@ def quantize_variants(fp32_graph: Path, out_dir: Path, calibration_feeds: Iterab
     relative name, so `out_dir` must hold them too when the graphs are loaded.
     `calibration_feeds` are {input_ids, attention_mask} batches of training texts (`text_feeds`).
     Steps: FP32 graph without fp16 storage → SmoothQuant (alpha) → ORT dynamic quantization →
-    every activation scale pinned to its calibrated range.
+    every activation scale pinned to its calibrated range. `smoothing` receives each weight's
+    SmoothQuant factors (for models/shared_weights.py).
     """
+    from models.shared_weights import inline_fp16_weights
+
     out_dir.mkdir(parents=True, exist_ok=True)
     stored = load_graph(fp32_graph)
+    inline_fp16_weights(stored, fp32_graph.parent)  # a package whose fp16 weights are shared already
     layout = shared_data_layout(stored)
     feeds = list(calibration_feeds)
     paths: dict[str, Path] = {}
@@ -363,7 +372,8 @@ def quantize_variants(fp32_graph: Path, out_dir: Path, calibration_feeds: Iterab
         plain = fp32_without_fp16_storage(stored)
         plain_path = work / "fp32-plain.onnx"
         onnx.save(plain, str(plain_path))
-        smooth_activation_outliers(plain, activation_stats(plain_path, list(smoothing_targets(plain)), feeds), alpha)
+        smooth_activation_outliers(plain, activation_stats(plain_path, list(smoothing_targets(plain)), feeds), alpha,
+                                   smoothing)
         smoothed_path = work / "fp32-smoothed.onnx"
         onnx.save(plain, str(smoothed_path))
         originals = stub_external_data(plain)

@@ -109,3 +109,33 @@ def test_real_model_int8_answers_do_not_depend_on_batch_mates(real_model_dir):
         mixed = engine.classify([long_text, *reversed(texts), long_text])[1:-1][::-1]
         worst = max(abs(p - q) for a, m in zip(alone, mixed) for p, q in zip(a, m.probs))
         assert worst <= 1e-5, (name, worst)
+
+
+@pytest.mark.parametrize("name", ["int8-u8s8", "int8-u8u8", "int8-u8s7"])
+def test_shared_weights_compute_exactly_what_the_stored_int8_weights_did(tmp_path, name):
+    # models/shared_weights.py: the int8 graph quantizes the FP32 graph's fp16 weights at load.
+    import shutil
+
+    from models.shared_weights import WEIGHTS_FILE, share_weights
+
+    alone, shared = tmp_path / "alone", tmp_path / "shared"
+    for folder in (alone, shared):
+        folder.mkdir()
+        onnx.save(_toy_graph(fp16_storage=True), str(folder / "fp32.onnx"))
+    stored = quantize_variants(alone / "fp32.onnx", alone, _feeds(), [name])[name]
+    smoothing: dict = {}
+    paths = quantize_variants(shared / "fp32.onnx", shared, _feeds(), [name], smoothing=smoothing)
+    assert smoothing == {"weight": [("rows", pytest.approx(smoothing["weight"][0][1]))]}  # SmoothQuant's rows
+    record = share_weights(shared / "fp32.onnx", [paths[name]], smoothing)
+    assert record["variants"][paths[name].name] == {"quantized_at_load": 1, "stored_int8": 0}
+    int8 = onnx.load(str(paths[name]), load_external_data=False)
+    assert not [i.name for i in int8.graph.initializer if i.name.endswith("_quantized")]
+    assert (shared / WEIGHTS_FILE).stat().st_size > 0
+    ids = np.random.default_rng(2).integers(0, VOCAB, size=(8, 6)).astype(np.int64)
+    assert np.array_equal(_run(paths[name], ids), _run(stored, ids))
+    assert np.array_equal(_run(shared / "fp32.onnx", ids), _run(alone / "fp32.onnx", ids))
+    # re-quantizing a package whose weights are shared already reads them from weights.bin
+    again = tmp_path / "again"
+    shutil.copytree(shared, again)
+    assert np.array_equal(_run(quantize_variants(again / "fp32.onnx", again, _feeds(), [name])[name], ids),
+                          _run(stored, ids))

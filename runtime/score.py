@@ -316,7 +316,9 @@ def _score(args: argparse.Namespace, source: Source, work: WorkDir, job: dict[st
              job["model"]["variant"], run_plan.describe(), f"; resuming after record {done:,}" if done else "")
     progress = Progress(source.total, offset, enabled=not args.quiet)
     started = time.monotonic()
-    reader = WindowReader(source.records(done, offset))
+    # Each text is kept one character beyond what the model reads: cut, and marked truncated, as
+    # the protocol would, however long the record (runtime/score_long.py).
+    reader = WindowReader(source.records(done, offset, keep=pool.max_text_chars + 1))
     in_flight = run_plan.processes * run_plan.workers * IN_FLIGHT_PER_WORKER
     try:
         tally = score_stream(reader, pool, work, layout, progress, in_flight, args.part_records, done + 1)

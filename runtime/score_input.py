@@ -8,9 +8,14 @@ Record with `error` set ("code: message", the protocol's codes) and becomes one 
 
 Records are numbered from 1 (non-blank lines of JSON lines, data rows of CSV, rows of Parquet);
 `Source.records` yields each with the input offset just after it (bytes, or rows for Parquet),
-which is what a resumed run seeks to. Memory stays bounded whatever the file holds: a line or
-field longer than MAX_RECORD_BYTES is skipped in 1 MiB steps and reported as line_too_long.
-Stdlib only, except Parquet, which needs pyarrow (optional: `pip install 'decide-classifier[parquet]'`).
+which is what a resumed run seeks to. Every record is read whatever its size, and memory stays
+bounded whatever the file holds: a record up to MAX_RECORD_BYTES goes through csv.reader or
+json.loads, a longer one through runtime/score_long.py, which keeps only the first `keep`
+characters of its text (more than the model reads, so the answer is the protocol's, truncated)
+and its id. Every error record carries its id when the reader could read one (a CSV record whose
+quoting breaks: from its first line; a JSON line that breaks: when the id came before the break),
+and its record number in the message. Stdlib only, except Parquet, which needs pyarrow
+(optional: `pip install 'decide-classifier[parquet]'`).
 """
 
 from __future__ import annotations
@@ -21,17 +26,21 @@ import hashlib
 import json
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
 from runtime.classifier import text_problem
-from runtime.protocol import (
-    DEFAULT_MAX_LINE_BYTES,
-    INVALID_JSON,
-    INVALID_REQUEST,
-    LINE_TOO_LONG,
-    MISSING_TEXT,
+from runtime.protocol import DEFAULT_MAX_LINE_BYTES, INVALID_JSON, INVALID_REQUEST, MISSING_TEXT
+from runtime.score_long import (
+    MAX_ID_CHARS,
+    PIECE_BYTES,
+    CsvRecord,
+    JsonRecord,
+    Prefix,
+    clip,
+    read_csv_record,
+    read_json_record,
 )
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
@@ -41,6 +50,7 @@ SNIFF_RECORDS = 1000  # JSON lines has no header: the first records show which f
 PARQUET_BATCH = 1024
 MISSING_ID = "missing_id"
 _CHUNK = 1 << 20
+_JSON_WHITESPACE = b" \t\n\r"  # a line of only these is blank (what the protocol skips)
 _FINGERPRINT_BYTES = 1 << 20
 
 
@@ -140,51 +150,62 @@ def check_utf8(path: Path) -> None:
             offset += len(chunk)
 
 
-def _bounded_lines(fh: IO[bytes]) -> Iterator[tuple[bytes | None, int]]:
-    """(line, bytes it took) for each physical line; None for a line over MAX_RECORD_BYTES, whose
-    rest is skipped 1 MiB at a time so that memory stays bounded."""
-    while True:
-        line = fh.readline(MAX_RECORD_BYTES + 1)
-        if not line:
-            return
-        if len(line) <= MAX_RECORD_BYTES or line.endswith(b"\n"):
-            yield line, len(line)
-            continue
-        used = len(line)
-        while line and not line.endswith(b"\n"):
-            line = fh.readline(_CHUNK)
-            used += len(line)
-        yield None, used
-
-
 def _error(number: int, record_id: Any, code: str, message: str) -> Record:
     return Record(number, record_id, None, f"{code}: record {number}: {message}")
 
 
-def checked_record(number: int, record_id: Any, text: Any, text_column: str) -> Record:
-    """The record, or an error record when its text is not something the protocol classifies."""
+def checked_record(number: int, record_id: Any, text: Any, text_column: str, keep: int | None = None,
+                   id_column: str | None = None, lone_surrogate: bool = False) -> Record:
+    """The record, or an error record when its id is empty (`id_column`: the input has ids) or its
+    text is not something the protocol classifies. `keep`: characters of the text to keep (see
+    score_long.clip); `lone_surrogate`: the text had one beyond what was kept."""
+    if id_column is not None and (record_id is None or record_id == ""):
+        return _error(number, record_id, MISSING_ID, f"{id_column!r} is {'empty' if record_id == '' else 'null'}")
     if text is None:
         return _error(number, record_id, MISSING_TEXT, f"no {text_column!r} value")
     problem = text_problem(text)
+    if problem is None and lone_surrogate:
+        problem = (INVALID_REQUEST, "text is not valid Unicode (lone surrogates)")
     if problem is not None:
         return _error(number, record_id, problem[0], f"{text_column!r}: {problem[1]}")
-    return Record(number, record_id, text)
+    return Record(number, record_id, text if keep is None else clip(text, keep))
+
+
+def arrow_texts(column: Any, keep: int) -> list[Any]:
+    """A pyarrow text column as Python values, strings cut to keep + 1 characters in arrow (a 50 MB
+    value never becomes a Python string); a value blank that far is taken whole (score_long.clip
+    then decides, as for the other formats)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return column.to_pylist()  # dictionary or other types: as they are (checked_record judges them)
+    heads = pc.utf8_slice_codeunits(column, 0, keep + 1).to_pylist()
+    for index, head in enumerate(heads):
+        if head is not None and len(head) > keep and not head[:keep].strip():
+            heads[index] = column[index].as_py()
+    return heads
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _jsonl_record(line: bytes, number: int, text_column: str, id_column: str | None) -> Record:
+def _jsonl_record(line: bytes, number: int, text_column: str, id_column: str | None, keep: int) -> Record:
     """One JSON line → Record (ids: the id field, or the record number when id_column is None)."""
     try:
         data = json.loads(line, parse_constant=_reject_constant)
     except RecursionError:
-        return _error(number, None, INVALID_JSON, "JSON nested too deeply")
+        return _error(number, _salvaged_id(line, id_column), INVALID_JSON, "JSON nested too deeply")
     except ValueError as exc:
-        return _error(number, None, INVALID_JSON, f"invalid JSON: {exc}")
+        return _error(number, _salvaged_id(line, id_column), INVALID_JSON, f"invalid JSON: {exc}")
     if not isinstance(data, dict):
         return _error(number, None, INVALID_REQUEST, "a record must be a JSON object")
+    return _json_object_record(data, number, text_column, id_column, keep)
+
+
+def _json_object_record(data: dict[str, Any], number: int, text_column: str, id_column: str | None, keep: int,
+                        lone_surrogate: bool = False) -> Record:
     record_id: Any = number
     if id_column is not None:
         if id_column not in data:
@@ -192,33 +213,242 @@ def _jsonl_record(line: bytes, number: int, text_column: str, id_column: str | N
         record_id = data[id_column]
         if isinstance(record_id, (dict, list)):
             return _error(number, None, INVALID_REQUEST, f"{id_column!r} must be a JSON scalar")
+        if isinstance(record_id, Prefix):  # read by the long-line reader
+            if record_id.cut:
+                return _error(number, None, INVALID_REQUEST, f"{id_column!r} is longer than {MAX_ID_CHARS:,} characters")
+            record_id = record_id.value()
     if text_column not in data:
         return _error(number, record_id, MISSING_TEXT, f"no {text_column!r} field")
-    return checked_record(number, record_id, data[text_column], text_column)
+    text = data[text_column]
+    return checked_record(number, record_id, text.value() if isinstance(text, Prefix) else text, text_column, keep,
+                          id_column, lone_surrogate)
+
+
+def _json_fields(text_column: str, id_column: str | None, keep: int) -> dict[str, int]:
+    """What the long-line reader keeps of a JSON record: name → characters."""
+    fields = {text_column: keep}
+    if id_column is not None:
+        fields[id_column] = max(fields.get(id_column, 0), MAX_ID_CHARS)
+    return fields
+
+
+def _salvaged_id(line: bytes, id_column: str | None) -> Any:
+    """The id of a line that is not valid JSON, when its field came complete before the error."""
+    if id_column is None:
+        return None
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    parsed = read_json_record(iter([text.removeprefix("\ufeff")]), {id_column: MAX_ID_CHARS})
+    return _read_id(parsed, id_column) if parsed is not None else None
+
+
+def _read_id(parsed: JsonRecord, id_column: str | None) -> Any:
+    """The id the long-line reader found before an error, if it is one an answer can carry."""
+    value = parsed.values.get(id_column) if id_column is not None else None
+    if isinstance(value, Prefix):
+        return None if value.cut else value.value()
+    return None if isinstance(value, (dict, list)) else value
+
+
+class _LinePieces:
+    """The rest of a physical line in pieces of at most PIECE_BYTES (after `first`), counting its bytes."""
+
+    def __init__(self, fh: IO[bytes], first: bytes):
+        self._fh = fh
+        self._first: bytes | None = first
+        self._ended = False
+        self.used = 0
+
+    def __iter__(self) -> _LinePieces:
+        return self
+
+    def __next__(self) -> bytes:
+        if self._ended:
+            raise StopIteration
+        piece, self._first = self._first or self._fh.readline(PIECE_BYTES), None
+        self._ended = not piece or piece.endswith(b"\n")
+        if not piece:
+            raise StopIteration
+        self.used += len(piece)
+        return piece
+
+
+def _decoded(pieces: Iterator[bytes], bom: bool) -> Iterator[str]:
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    for piece in pieces:
+        if bom:
+            piece, bom = piece.removeprefix(codecs.BOM_UTF8), False
+        yield decoder.decode(piece)
+    yield decoder.decode(b"", final=True)
+
+
+def jsonl_records(fh: IO[bytes], text_column: str, id_column: str | None, keep: int, number: int = 0,
+                  offset: int = 0, record_bytes: int = MAX_RECORD_BYTES) -> Iterator[tuple[Record, int]]:
+    """(record, offset after it) for each JSON line of `fh` from `offset` (where fh stands): lines up
+    to `record_bytes` through json.loads, longer ones through score_long's reader."""
+    fields = _json_fields(text_column, id_column, keep)
+    while True:
+        line = fh.readline(record_bytes + 1)
+        if not line:
+            return
+        bom = offset == 0 and line.startswith(codecs.BOM_UTF8)
+        if len(line) <= record_bytes or line.endswith(b"\n"):
+            offset += len(line)
+            if not line.strip(_JSON_WHITESPACE):
+                continue  # a blank line is not a record (as in the protocol)
+            number += 1
+            yield _jsonl_record(line.removeprefix(codecs.BOM_UTF8) if bom else line, number, text_column,
+                                id_column, keep), offset
+            continue
+        pieces = _LinePieces(fh, line)
+        parsed = read_json_record(_decoded(pieces, bom), fields)
+        for _ in pieces:  # what follows an error
+            pass
+        offset += pieces.used
+        if parsed is None:
+            continue
+        number += 1
+        yield _long_json_record(parsed, number, text_column, id_column, keep), offset
+
+
+def _long_json_record(parsed: JsonRecord, number: int, text_column: str, id_column: str | None,
+                      keep: int) -> Record:
+    if parsed.error is not None:
+        return _error(number, _read_id(parsed, id_column), INVALID_JSON, f"invalid JSON: {parsed.error}")
+    if not parsed.is_object:
+        return _error(number, None, INVALID_REQUEST, "a record must be a JSON object")
+    return _json_object_record(parsed.values, number, text_column, id_column, keep,
+                               parsed.lone_surrogate.get(text_column, False))
+
+
+class _LongRecord(Exception):
+    """The record goes beyond the fast path's bound: read it again with score_long."""
 
 
 class _CsvLines:
-    """Decoded physical lines for csv.reader, counting the bytes consumed (the resume offset) and
-    flagging a line too long to keep, whose record then becomes line_too_long."""
+    """Decoded physical lines for csv.reader, counting the bytes consumed (the resume offset);
+    raises _LongRecord once the record being read goes beyond `record_bytes`."""
 
-    def __init__(self, fh: IO[bytes], offset: int):
+    def __init__(self, fh: IO[bytes], offset: int, record_bytes: int):
+        self.fh = fh
         self.offset = offset
-        self.overlong = False
-        self._lines = _bounded_lines(fh)
+        self.record_bytes = record_bytes
+        self._used = 0
+
+    def begin(self) -> int:
+        """A record starts here: its offset."""
+        self._used = 0
+        return self.offset
 
     def __iter__(self) -> _CsvLines:
         return self
 
     def __next__(self) -> str:
-        line, used = next(self._lines)
+        line = self.fh.readline(self.record_bytes - self._used + 1)
+        if not line:
+            raise StopIteration
         at_start = self.offset == 0
-        self.offset += used
-        if line is None:
-            self.overlong = True
-            return "\n"
+        self._used += len(line)
+        self.offset += len(line)
+        if self._used > self.record_bytes:
+            raise _LongRecord
         if at_start and line.startswith(codecs.BOM_UTF8):
             line = line[len(codecs.BOM_UTF8):]
         return line.decode("utf-8")
+
+
+def read_csv_header(fh: IO[bytes], delimiter: str) -> tuple[list[str], int]:
+    """The header row of a CSV/TSV file (fh at its start) and the offset after it; ValueError
+    when it is not CSV or longer than MAX_RECORD_BYTES."""
+    lines = _CsvLines(fh, 0, MAX_RECORD_BYTES)
+    try:
+        header = next(csv.reader(lines, delimiter=delimiter, strict=True), None)
+    except csv.Error as exc:
+        raise ValueError(f"the header row is not CSV: {exc}") from None
+    except _LongRecord:
+        raise ValueError(f"the header row is longer than {MAX_RECORD_BYTES:,} bytes") from None
+    return header or [], lines.offset
+
+
+def csv_records(fh: IO[bytes], delimiter: str, header: list[str], text_column: str, id_column: str | None,
+                keep: int, number: int = 0, offset: int = 0,
+                record_bytes: int = MAX_RECORD_BYTES) -> Iterator[tuple[Record, int]]:
+    """(record, offset after it) for each record of a CSV/TSV body from `offset` (where fh stands,
+    after the header): records up to `record_bytes` through csv.reader(strict=True), longer ones
+    and broken ones through score_long's reader. A broken record (csv would raise) becomes an
+    error row, and reading goes on from the line after its first: an unclosed quote swallows no
+    records that follow."""
+    columns = _CsvColumns(header, text_column, id_column, keep)
+    if csv.field_size_limit() < record_bytes:  # process-wide; a field of a record that fits is fine
+        csv.field_size_limit(record_bytes)
+    lines = _CsvLines(fh, offset, record_bytes)
+    reader = csv.reader(lines, delimiter=delimiter, strict=True)
+    while True:
+        start = lines.begin()
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except (csv.Error, _LongRecord):
+            fh.seek(start)
+            parsed = read_csv_record(lambda: fh.readline(PIECE_BYTES), delimiter, columns.keep)
+            if parsed is None:
+                return
+            lines.offset = start + (parsed.first_line if parsed.error is not None else parsed.size)
+            fh.seek(lines.offset)
+            if parsed.error is None and parsed.fields == 0:
+                continue  # a blank line
+            number += 1
+            yield columns.long_record(parsed, number), lines.offset
+            continue
+        if row:  # [] is a blank line
+            number += 1
+            yield columns.record(row, number), lines.offset
+
+
+@dataclass
+class _CsvColumns:
+    """Where the text and id are in a CSV record, and how a row becomes a Record."""
+
+    header: list[str]
+    text_column: str
+    id_column: str | None
+    keep_chars: int
+
+    def __post_init__(self) -> None:
+        self.text_at = self.header.index(self.text_column)
+        self.id_at = self.header.index(self.id_column) if self.id_column is not None else None
+        self.keep = {self.text_at: self.keep_chars}
+        if self.id_at is not None:
+            self.keep[self.id_at] = max(self.keep.get(self.id_at, 0), MAX_ID_CHARS)
+
+    def record(self, row: list[str], number: int) -> Record:
+        """A row csv.reader read."""
+        record_id = number if self.id_at is None else (row[self.id_at] if self.id_at < len(row) else None)
+        if len(row) != len(self.header):
+            return _error(number, record_id, INVALID_REQUEST, f"{len(row)} fields, the header has {len(self.header)}")
+        return checked_record(number, record_id, row[self.text_at], self.text_column, self.keep_chars, self.id_column)
+
+    def long_record(self, parsed: CsvRecord, number: int) -> Record:
+        """A record score_long read: too long for the fast path, or broken."""
+        record_id: Any = number
+        if self.id_at is not None:
+            prefix = parsed.values.get(self.id_at)
+            if parsed.error is not None and self.id_at >= parsed.first_line_fields:
+                prefix = None  # past a quote that broke: not to be trusted
+            record_id = None if prefix is None or prefix.cut else prefix.value()
+            if parsed.error is None and prefix is not None and prefix.cut:
+                return _error(number, None, INVALID_REQUEST,
+                              f"{self.id_column!r} is longer than {MAX_ID_CHARS:,} characters")
+        if parsed.error is not None:
+            note = " (read on from the line after its first)" if parsed.size > parsed.first_line else ""
+            return _error(number, record_id, INVALID_REQUEST, f"not CSV: {parsed.error}{note}")
+        if parsed.fields != len(self.header):
+            return _error(number, record_id, INVALID_REQUEST, f"{parsed.fields} fields, the header has {len(self.header)}")
+        return checked_record(number, record_id, parsed.values[self.text_at].value(), self.text_column,
+                              self.keep_chars, self.id_column)
 
 
 @dataclass
@@ -232,71 +462,45 @@ class Source:
     total: int  # bytes (CSV, JSON lines) or rows (Parquet): what offsets count
     id_type: Any = None  # Parquet: the id column's arrow type (kept in Parquet output)
 
-    def records(self, start_number: int = 0, start_offset: int = 0) -> Iterator[tuple[Record, int]]:
-        """(record, offset after it) from record start_number + 1 on, which starts at start_offset."""
+    def records(self, start_number: int = 0, start_offset: int = 0, *, keep: int) -> Iterator[tuple[Record, int]]:
+        """(record, offset after it) from record start_number + 1 on, which starts at start_offset;
+        `keep`: characters of each text kept (more than the model reads: score_long.clip)."""
         if self.format == "parquet":
-            return self._parquet(start_number)
-        if self.format == "jsonl":
-            return self._jsonl(start_number, start_offset)
-        return self._csv(start_number, start_offset)
+            records = self._parquet(start_number, keep)
+        else:
+            records = self._lines(start_number, start_offset, keep)
+        if self.id_column is None:  # ids are record numbers: error records have theirs too
+            return ((record if record.id is not None else replace(record, id=record.number), offset)
+                    for record, offset in records)
+        return records
 
     def _open(self) -> IO[bytes]:
         try:
-            return open(self.path, "rb")
+            return open(self.path, "rb", buffering=PIECE_BYTES)
         except OSError as exc:
             raise InputError(f"cannot read INPUT {self.path}: {exc.strerror or exc}") from exc
 
-    def _jsonl(self, number: int, offset: int) -> Iterator[tuple[Record, int]]:
+    def _lines(self, number: int, offset: int, keep: int) -> Iterator[tuple[Record, int]]:
         with self._open() as fh:
-            fh.seek(offset)
-            for line, used in _bounded_lines(fh):
-                if line is not None and offset == 0 and line.startswith(codecs.BOM_UTF8):
-                    line = line[len(codecs.BOM_UTF8):]
-                offset += used
-                if line is not None and not line.strip():
-                    continue  # a blank line is not a record (as in the protocol)
-                number += 1
-                if line is None:
-                    yield _error(number, None, LINE_TOO_LONG, f"longer than {MAX_RECORD_BYTES} bytes"), offset
-                else:
-                    yield _jsonl_record(line, number, self.text_column, self.id_column), offset
-
-    def _csv(self, number: int, offset: int) -> Iterator[tuple[Record, int]]:
-        with self._open() as fh:
-            lines = _CsvLines(fh, 0)
-            reader = csv.reader(lines, delimiter="\t" if self.format == "tsv" else ",")
-            header = next(reader, None) or []
-            if offset:
+            if self.format == "jsonl":
                 fh.seek(offset)
-                lines.offset = offset
-            text_at = header.index(self.text_column)
-            id_at = header.index(self.id_column) if self.id_column is not None else None
-            while True:
+                records = jsonl_records(fh, self.text_column, self.id_column, keep, number, offset)
+            else:
+                delimiter = "\t" if self.format == "tsv" else ","
                 try:
-                    row = next(reader)
-                except StopIteration:
-                    return
-                except csv.Error as exc:
-                    number += 1
-                    lines.overlong = False
-                    yield _error(number, None, INVALID_REQUEST, f"not CSV: {exc}"), lines.offset
-                    continue
-                if lines.overlong:
-                    lines.overlong = False
-                    number += 1
-                    yield _error(number, None, LINE_TOO_LONG, f"longer than {MAX_RECORD_BYTES} bytes"), lines.offset
-                    continue
-                if not row:
-                    continue  # a blank line
-                number += 1
-                record_id = number if id_at is None else (row[id_at] if id_at < len(row) else None)
-                if len(row) != len(header):
-                    yield _error(number, record_id, INVALID_REQUEST,
-                                 f"{len(row)} fields, the header has {len(header)}"), lines.offset
-                    continue
-                yield checked_record(number, record_id, row[text_at], self.text_column), lines.offset
+                    header, body = read_csv_header(fh, delimiter)
+                except ValueError as exc:
+                    raise InputError(f"INPUT {self.path}: {exc}") from None
+                fh.seek(offset or body)
+                records = csv_records(fh, delimiter, header, self.text_column, self.id_column, keep, number,
+                                      offset or body)
+            try:
+                yield from records
+            except UnicodeDecodeError as exc:  # checked when the job started: the file changed since
+                raise InputError(f"INPUT {self.path} is no longer UTF-8 ({exc.reason}): it changed while "
+                                 "being read") from None
 
-    def _parquet(self, start: int) -> Iterator[tuple[Record, int]]:
+    def _parquet(self, start: int, keep: int) -> Iterator[tuple[Record, int]]:
         parquet = _parquet_file(self.path)
         groups, row = [], 0
         for group in range(parquet.num_row_groups):
@@ -307,17 +511,14 @@ class Source:
             groups.append(group)
         columns = [self.text_column] + ([self.id_column] if self.id_column not in (None, self.text_column) else [])
         for batch in parquet.iter_batches(batch_size=PARQUET_BATCH, row_groups=groups, columns=columns):
-            texts = batch.column(self.text_column).to_pylist()
+            texts = arrow_texts(batch.column(self.text_column), keep)
             ids = batch.column(self.id_column).to_pylist() if self.id_column is not None else None
             for index, text in enumerate(texts):
                 row += 1
                 if row <= start:
                     continue
                 record_id = row if ids is None else ids[index]
-                if ids is not None and record_id is None:
-                    yield _error(row, None, MISSING_ID, f"{self.id_column!r} is null"), row
-                    continue
-                yield checked_record(row, record_id, text, self.text_column), row
+                yield checked_record(row, record_id, text, self.text_column, keep, self.id_column), row
 
 
 def _parquet_file(path: Path) -> Any:
@@ -355,27 +556,35 @@ def _jsonl_fields(path: Path) -> list[str]:
     seen: dict[str, None] = {}
     with open(path, "rb") as fh:
         count = 0
-        for line, _ in _bounded_lines(fh):
-            if line is None or not line.strip():
-                continue
+        while count < SNIFF_RECORDS and (line := fh.readline(MAX_RECORD_BYTES + 1)):
+            bom = fh.tell() == len(line) and line.startswith(codecs.BOM_UTF8)
+            if len(line) <= MAX_RECORD_BYTES or line.endswith(b"\n"):
+                if not line.strip(_JSON_WHITESPACE):
+                    continue
+                try:
+                    data = json.loads(line.removeprefix(codecs.BOM_UTF8))
+                except (ValueError, RecursionError):
+                    data = None
+                names = list(data) if isinstance(data, dict) else []
+            else:  # a long line: its names, without holding it
+                names = []
+                pieces = _LinePieces(fh, line)
+                parsed = read_json_record(_decoded(pieces, bom), {}, names)
+                for _ in pieces:
+                    pass
+                if parsed is None:
+                    continue
             count += 1
-            try:
-                data = json.loads(line.removeprefix(codecs.BOM_UTF8))
-            except (ValueError, RecursionError):
-                data = None
-            if isinstance(data, dict):
-                seen.update(dict.fromkeys(data))
-            if count >= SNIFF_RECORDS:
-                break
+            seen.update(dict.fromkeys(names))
     return list(seen)
 
 
 def _csv_header(path: Path, fmt: str) -> list[str]:
     with open(path, "rb") as fh:
         try:
-            header = next(csv.reader(_CsvLines(fh, 0), delimiter="\t" if fmt == "tsv" else ","), None)
-        except csv.Error as exc:
-            raise InputError(f"INPUT {path}: the header row is not CSV: {exc}") from exc
+            header, _ = read_csv_header(fh, "\t" if fmt == "tsv" else ",")
+        except ValueError as exc:
+            raise InputError(f"INPUT {path}: {exc}") from None
     if not header:
         raise InputError(f"INPUT {path} is empty: a CSV file needs a header row naming its columns")
     return header

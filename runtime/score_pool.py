@@ -85,6 +85,7 @@ class LocalPool:
 
     def __init__(self, classifier: Classifier, workers: int):
         self.classifier = classifier
+        self.max_text_chars = classifier.max_text_chars
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="score-window")
 
     def submit(self, texts: list[str]) -> Future:
@@ -151,7 +152,7 @@ def _worker_classify(texts: list[str]) -> list[Answer | str]:
 def _worker_ready() -> int:
     if "error" in _worker:
         raise WorkerFailed(*_worker["error"])
-    return os.getpid()
+    return _worker["classifier"].max_text_chars
 
 
 class ProcessPool:
@@ -162,11 +163,12 @@ class ProcessPool:
         self._executor = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
                                              initializer=_init_worker, initargs=(os.getpid(), load))
         self.processes = processes
+        self.max_text_chars = 0  # known once the workers are ready
 
     def wait_ready(self) -> None:
         """Block until the workers have loaded the model; WorkerFailed if one could not."""
         for future in [self._executor.submit(_worker_ready) for _ in range(self.processes)]:
-            future.result()
+            self.max_text_chars = future.result()
 
     def submit(self, texts: list[str]) -> Future:
         """Classify one window in some worker process."""

@@ -54,10 +54,12 @@ def protocol_answers(package: Path, items: list[str], *flags: str) -> list[dict]
 
 def test_answers_are_the_protocols_and_bad_records_become_error_rows(tiny_scoped_package_dir, tmp_path):
     good = texts(300) + ["hello and thanks", "rain zzkq wqxx qqqq", "the a is"]  # out_of_scope, unreadable
+    long = "rain " * 250_000  # a 1.25 MB line: read in pieces, answered from its first characters, truncated
     records = [{"id": f"r{i}", "text": t} for i, t in enumerate(good)]
     lines = [json.dumps(r) for r in records[:150]] + [
         "", '{"id": "empty", "text": "  "}', '{"id": "no-text"}', "not json", '{"id": "number", "text": 5}',
-        '[1, 2]', '{"id": "long", "text": "' + "rain " * 250_000 + '"}', '{"id": {"a": 1}, "text": "rain"}',
+        '[1, 2]', '{"id": "long", "text": "' + long + '"}', '{"id": {"a": 1}, "text": "rain"}',
+        '{"id": "broken", "text": "rain"',
     ] + [json.dumps(r) for r in records[150:]]
     source = tmp_path / "in.jsonl"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -66,15 +68,17 @@ def test_answers_are_the_protocols_and_bad_records_become_error_rows(tiny_scoped
     assert done.returncode == 0, done.stderr
     rows = read_jsonl(tmp_path / "out.jsonl")
     assert [r["id"] for r in rows] == [f"r{i}" for i in range(150)] + [
-        "empty", "no-text", None, "number", None, None, None] + [f"r{i}" for i in range(150, len(good))]
+        "empty", "no-text", None, "number", None, "long", None, "broken"] + [f"r{i}" for i in range(150, len(good))]
     errors = [r["error"].split(":")[0] for r in rows if r["error"]]
     assert errors == ["empty_text", "missing_text", "invalid_json", "invalid_request", "invalid_request",
-                      "line_too_long", "invalid_request"]
+                      "invalid_request", "invalid_json"]
     assert "record 151" in rows[150]["error"]  # records are counted, the blank line is not one
     answers = [r for r in rows if not r["error"]]
     fields = ("label", "leaning", "score", "abstained", "reason", "truncated")
-    reference = protocol_answers(tiny_scoped_package_dir, good, *flags)
+    reference = protocol_answers(tiny_scoped_package_dir, good[:150] + [long] + good[150:], *flags,
+                                 "--max-line-bytes", str(2 << 20))  # the whole long text, as one request
     assert [[r[f] for f in fields] for r in answers] == [[r[f] for f in fields] for r in reference]
+    assert rows[155]["truncated"] is True and rows[155]["label"] == "weather"
     assert {"out_of_scope", "unreadable", "low_score", None} <= {r["reason"] for r in answers}
     assert "7 error rows" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "out.jsonl.parts").exists()

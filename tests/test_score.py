@@ -278,10 +278,102 @@ def test_progress_is_a_bar_on_a_terminal_and_plain_lines_elsewhere():
 
 def test_score_modules_import_neither_numpy_nor_ray_nor_pyarrow():
     """The probe-first rule, and Ray/pyarrow stay optional: importing any of it loads none of them."""
-    code = ("import sys, runtime.score, runtime.score_input, runtime.score_output, runtime.score_pool, "
-            "runtime.ray_data, runtime.classifier, runtime.progress; from runtime import Classifier; "
+    code = ("import sys, runtime.score, runtime.score_input, runtime.score_long, runtime.score_output, "
+            "runtime.score_pool, runtime.ray_data, runtime.classifier, runtime.progress; from runtime import Classifier; "
             "print(sorted(m for m in ('numpy', 'onnxruntime', 'ray', 'pyarrow', 'pandas') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
     spec = (REPO / "bundle_spec" / "decide.spec").read_text(encoding="utf-8")
     assert '"ray"' in spec and '"pyarrow"' in spec  # never frozen into the bundle
+
+
+def long_records() -> list[tuple[str, str]]:
+    """Issue 38's records: a 200 KB and a 5 MB text among ordinary ones, quotes and newlines in
+    them, and one blank as far as the model reads."""
+    report = "Schichtbericht: Hydraulikpumpe 2 verliert Öl, die Lache unter der Presse wächst.\n"
+    return [("r1", "Öllache unter der Hydraulikpresse, bitte schnell kommen"),
+            ("r2", (report * 3000)[:200_000]),
+            ("r3", ("Conveyor belt 4 jammed, material is piling up at the transfer point. " * 80_000)[:5_000_000]),
+            ("r4", "temperature back to normal at 45 °C"),
+            ("r5", 'Sensor "B12" liefert keine Werte mehr, Kabel prüfen'),
+            ("r6", " " * 150_000 + "Motor 3 überhitzt")]
+
+
+# Broken records after them: an unclosed quote (the rest of the file is not swallowed), an empty
+# id, a row with one field: each one error row with its id.
+BROKEN_CSV_TAIL = 'r7,"never closed\nr8,Kühlwasser tritt aus der Leitung\n,Leck an Ventil 3\nr10\n'
+
+
+def write_records(path: Path, records: list[tuple[str, str]], tail: str = "") -> Path:
+    """The records as CSV, TSV, JSON lines or Parquet, by extension."""
+    if path.suffix in (".csv", ".tsv"):
+        with open(path, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh, delimiter="\t" if path.suffix == ".tsv" else ",", lineterminator="\n")
+            writer.writerow(["id", "text"])
+            writer.writerows(records)
+            fh.write(tail)
+    elif path.suffix == ".jsonl":
+        write_jsonl(path, [{"id": i, "text": t} for i, t in records])
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"id": [i for i, _ in records], "text": [t for _, t in records]}), path)
+    return path
+
+
+ANSWER_FIELDS = ("label", "leaning", "abstained", "reason", "truncated")
+
+
+def test_a_200_kb_and_a_5_mb_field_are_answered_with_their_ids_in_every_format(real_model_dir, tmp_path):
+    """Issue 38's acceptance: every record answered with its id, the protocol's answer for the
+    whole text (truncated), the same in CSV, TSV, JSON lines and Parquet."""
+    pytest.importorskip("pyarrow", reason="Parquet needs pyarrow (the parquet or ray extra)")
+    records = long_records()
+    extra = "Kühlwasser tritt aus der Leitung"
+    flags = ("--variant", "fp32")  # batched like alone: the formats' windows differ by the broken rows
+    reference = protocol_answers(real_model_dir, [t for _, t in records] + [extra], *flags,
+                                 "--max-line-bytes", str(8 << 20))
+    expected = {key: reference[i] for i, key in enumerate([k for k, _ in records] + ["r8"])}
+    assert [expected[k]["truncated"] for k in ("r1", "r2", "r3", "r6")] == [False, True, True, True]
+    for suffix in (".csv", ".tsv", ".jsonl", ".parquet"):
+        source = write_records(tmp_path / f"in{suffix}", records, BROKEN_CSV_TAIL if suffix == ".csv" else "")
+        output = tmp_path / f"out{suffix}.jsonl"
+        done = score(str(source), "--output", str(output), "--model", str(real_model_dir), "-q", *flags)
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        rows = read_jsonl(output)
+        ids = [k for k, _ in records] + (["r7", "r8", "", "r10"] if suffix == ".csv" else [])
+        assert [r["id"] for r in rows] == ids, suffix
+        for row in rows:
+            if row["id"] in expected:
+                want = expected[row["id"]]
+                assert [row[f] for f in ANSWER_FIELDS] == [want[f] for f in ANSWER_FIELDS], (suffix, row["id"])
+                assert abs(row["score"] - want["score"]) <= 1e-5 and row["error"] is None, (suffix, row["id"])
+        if suffix == ".csv":
+            assert [r["error"].split(":")[0] for r in rows[6:] if r["error"]] == [
+                "invalid_request", "missing_id", "invalid_request"]
+            assert "record 7: not CSV: unexpected end of data" in rows[6]["error"]
+    assert expected["r1"]["label"] == expected["r2"]["label"] == "leak" and expected["r3"]["leaning"] == "material_jam"
+
+
+def peak_rss_mib(args: list[str]) -> float:
+    """decide score's peak RSS (MiB), measured in a parent of its own (RUSAGE_CHILDREN)."""
+    code = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    done = subprocess.run([sys.executable, "-c", code, sys.executable, "-m", "runtime", "score", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout) / 1024
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_one_50_mb_record_is_answered_in_bounded_memory(tiny_package_dir, tmp_path, suffix):
+    big = ("rain and wind " * 3_600_000)[:50_000_000]
+    rss = {}
+    for name, text in (("short", "rain and wind"), ("big", big)):
+        source = write_records(tmp_path / f"{name}{suffix}", [("a", "goal"), ("b", text), ("c", "server")])
+        output = tmp_path / f"out-{name}.jsonl"
+        rss[name] = peak_rss_mib([str(source), "--output", str(output), "--model", str(tiny_package_dir), "-q"])
+        assert [(r["id"], r["label"], r["truncated"]) for r in read_jsonl(output)] == [
+            ("a", "sports", False), ("b", "weather", text is big), ("c", "tech", False)]
+    assert rss["big"] - rss["short"] < 25, rss  # the 50 MB text never in memory (the long path keeps 769 characters)

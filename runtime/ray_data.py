@@ -10,7 +10,10 @@
 
 Each actor loads one Classifier (runtime/classifier.py: the same tier/variant choice, abstention
 and answers as the protocol and `decide score`) and turns every batch into the rows `decide score`
-writes, with error rows for records it cannot classify (runtime/score.py's window_rows). The package
+writes, with error rows for records it cannot classify (runtime/score.py's window_rows). `decide
+score --ray` reads CSV/TSV with decide's own reader in Ray's read tasks (`_csv_datasource`), so a
+long field, broken quoting or a row of the wrong width gives the answer or error row it gives
+without Ray; pyarrow's CSV reader would fail the job on a 5 MB field or a short row. The package
 reaches the actors either as a path every node can read, or shipped through Ray's object store
 (`ship_package`: the manifest, tokenizer, golden set and one variant's files, written once per node
 into a temporary directory). Ray is optional (`pip install 'decide-classifier[ray]'`, ray[data]
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import logging
 import os
 import shutil
@@ -32,12 +36,24 @@ from typing import Any
 
 from runtime.offline import TELEMETRY_VARIABLE
 from runtime.package import MANIFEST_NAME, load_package
-from runtime.score_input import FORMATS, InputError, open_source, require_pyarrow
+from runtime.score_input import (
+    FORMATS,
+    InputError,
+    Record,
+    arrow_texts,
+    checked_record,
+    csv_records,
+    open_source,
+    read_csv_header,
+    require_pyarrow,
+)
+from runtime.score_long import PIECE_BYTES
 
 log = logging.getLogger("decide")
 
 RAY_VERSION = "2.60.0"
 BATCH_SIZE = 1024  # rows per actor call, as decide score's windows
+READ_ERROR = "_decide_error"  # the column decide's CSV reader adds: why a record cannot be classified
 
 
 def require_ray() -> Any:
@@ -129,11 +145,11 @@ class DecidePredictor:
         self.classifier = Classifier.load(None if package is None else materialize(package), variant=variant,
                                           threads=threads, tier=tier, workers=1, min_score=min_score)
         self.text_column, self.id_column = text_column, id_column
+        self.keep = self.classifier.max_text_chars + 1  # a longer text is cut and marked truncated
 
     def __call__(self, batch: Any) -> Any:
         """Score one batch; records without a usable text become error rows."""
         from runtime.score import Window, window_rows
-        from runtime.score_input import checked_record
         from runtime.score_output import Layout
         from runtime.score_pool import answers_or_errors
 
@@ -142,9 +158,12 @@ class DecidePredictor:
             raise ValueError(f"the dataset has no column {self.text_column!r} (columns: {table.column_names})")
         if self.id_column and self.id_column not in table.column_names:
             raise ValueError(f"the dataset has no column {self.id_column!r} (id_column=None: no ids)")
-        texts = table.column(self.text_column).to_pylist()
+        texts = arrow_texts(table.column(self.text_column), self.keep)
         ids = table.column(self.id_column).to_pylist() if self.id_column else [None] * len(texts)
-        records = [checked_record(0, ids[i], text, self.text_column) for i, text in enumerate(texts)]
+        errors = table.column(READ_ERROR).to_pylist() if READ_ERROR in table.column_names else [None] * len(texts)
+        records = [Record(0, ids[i], None, errors[i]) if errors[i] else
+                   checked_record(0, ids[i], text, self.text_column, self.keep, self.id_column)
+                   for i, text in enumerate(texts)]
         rows = window_rows(Window(records, 0),
                            answers_or_errors(self.classifier, [r.text for r in records if r.error is None]))
         id_type = table.schema.field(self.id_column).type if self.id_column else None
@@ -156,19 +175,62 @@ class DecidePredictor:
 _IO = {"num_cpus": 0}
 
 
-def _read(ray: Any, source: str, fmt: str, text_column: str, id_column: str | None) -> Any:
-    """The input through Ray Data's own readers (CSV columns as text, like decide score reads them)."""
+def _read(ray: Any, source: str, fmt: str, text_column: str, id_column: str, keep: int) -> Any:
+    """The input through Ray Data's readers: Parquet and JSON lines with Ray's own, CSV/TSV with
+    decide's (`_csv_datasource`)."""
     if fmt == "parquet":
         columns = [text_column] + ([id_column] if id_column and id_column != text_column else [])
         return ray.data.read_parquet(source, columns=columns, **_IO)
     if fmt == "jsonl":
         return ray.data.read_json(source, **_IO)  # pyarrow's reader: JSON lines, much faster than lines=True (pandas)
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
+    return ray.data.read_datasource(_csv_datasource(source, fmt, text_column, id_column, keep), **_IO)
 
-    types = {name: pa.string() for name in (text_column, id_column) if name}
-    return ray.data.read_csv(source, parse_options=pacsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ","),
-                             convert_options=pacsv.ConvertOptions(column_types=types), **_IO)
+
+def _csv_datasource(paths: str, fmt: str, text_column: str, id_column: str, keep: int) -> Any:
+    """A Ray datasource of CSV/TSV files read by runtime/score_input.py's csv_records: one read
+    task per file, blocks of BATCH_SIZE records with their id, their text (cut to `keep`
+    characters) and READ_ERROR, memory bounded whatever a record's size. Built here: Ray is
+    imported only when --ray is used."""
+    from ray.data.datasource import FileBasedDatasource
+
+    class DecideCsvDatasource(FileBasedDatasource):
+        def __init__(self) -> None:
+            super().__init__(paths, file_extensions=[fmt])
+            self.decide = (fmt, text_column, id_column, keep)
+
+        def _open_input_source(self, filesystem: Any, path: str, **open_args: Any) -> Any:
+            return filesystem.open_input_file(path)  # seekable: a broken record is read on from its second line
+
+        def _read_stream(self, f: Any, path: str) -> Any:
+            return csv_blocks(io.BufferedReader(f, PIECE_BYTES), path, *self.decide)
+
+    return DecideCsvDatasource()
+
+
+def csv_blocks(fh: Any, path: str, fmt: str, text_column: str, id_column: str, keep: int) -> Any:
+    """pyarrow tables of one CSV/TSV file's records (id, text, READ_ERROR), BATCH_SIZE at a time."""
+    import pyarrow as pa
+
+    delimiter = "\t" if fmt == "tsv" else ","
+    header, body = read_csv_header(fh, delimiter)
+    for name in (text_column, id_column):
+        if name not in header:
+            raise ValueError(f"{path} has no column {name!r} (columns: {', '.join(header[:20])})")
+    fh.seek(body)
+
+    def block(records: list[Record]) -> Any:
+        return pa.table({id_column: pa.array([r.id for r in records], pa.string()),
+                         text_column: pa.array([r.text for r in records], pa.string()),
+                         READ_ERROR: pa.array([r.error for r in records], pa.string())})
+
+    batch: list[Record] = []
+    for record, _ in csv_records(fh, delimiter, header, text_column, id_column, keep, 0, body):
+        batch.append(record)
+        if len(batch) == BATCH_SIZE:
+            yield block(batch)
+            batch = []
+    if batch:
+        yield block(batch)
 
 
 def _write(scored: Any, target: str, fmt: str) -> None:
@@ -268,6 +330,7 @@ def run(args: argparse.Namespace) -> int:
     complete (a URI is written in place: object stores have no rename)."""
     from runtime import cli
     from runtime.score_pool import scoring_cores
+    from runtime.text import max_text_chars
 
     ray = require_ray()
     require_pyarrow()
@@ -282,7 +345,8 @@ def run(args: argparse.Namespace) -> int:
     log.info("scoring %s → %s on Ray (%s): %d actors × %d thread%s, variant %s", args.input, args.output, args.ray,
              actors, threads, "s" if threads > 1 else "", variant)
     started = time.monotonic()
-    scored = _read(ray, args.input, fmt, args.text_column, id_column).map_batches(
+    keep = max_text_chars(setup.package.manifest.max_length) + 1  # as the actors' Classifier
+    scored = _read(ray, args.input, fmt, args.text_column, id_column, keep).map_batches(
         DecidePredictor, batch_size=BATCH_SIZE, batch_format="pyarrow", num_cpus=threads,
         compute=ray.data.ActorPoolStrategy(size=actors),
         fn_constructor_kwargs={"package": package, "variant": variant, "tier": setup.choice.tier.name,

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_score import texts, write_jsonl
+from test_score import BROKEN_CSV_TAIL, long_records, texts, write_jsonl, write_records
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -79,3 +79,27 @@ def test_the_predictor_with_a_shipped_package_in_map_batches(tiny_package_dir):
     assert sorted(rows) == list(range(len(items)))
     assert [(rows[i]["label"], rows[i]["score"]) for i in range(len(items))] == [
         (a.label, json.loads(json.dumps(round(a.score, 6)))) for a in answers]
+
+
+def test_ray_reads_long_fields_and_broken_records_as_decide_score_does(real_model_dir, tmp_path):
+    """Issue 38: a CSV with a 200 KB and a 5 MB field (pyarrow's CSV reader failed the whole job on
+    the 5 MB one, and on a short row) and broken records: with --ray local every record comes back
+    with its id and the answer or error row decide score gives it."""
+    source = write_records(tmp_path / "in.csv", long_records(), BROKEN_CSV_TAIL)
+    common = ["--model", str(real_model_dir), "--variant", "fp32", "-q"]
+    runs = {}
+    for name, extra in (("local", []), ("ray", ["--ray", "local"])):
+        done = subprocess.run([sys.executable, "-m", "runtime", "score", str(source), "--output",
+                               str(tmp_path / f"{name}.parquet"), *extra, *common], cwd=REPO, capture_output=True,
+                              text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr
+        runs[name] = rows_by_id(tmp_path / f"{name}.parquet")
+    expected, got = runs["local"], runs["ray"]
+    assert sorted(got) == sorted(expected) == sorted(["r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8", "", "r10"])
+    for key, row in expected.items():
+        other = got[key]
+        assert [other[f] for f in ("label", "leaning", "reason", "abstained", "truncated")] == [
+            row[f] for f in ("label", "leaning", "reason", "abstained", "truncated")], key
+        assert (row["score"] is None and other["score"] is None) or abs(other["score"] - row["score"]) <= 1e-5
+        assert other["error"] == row["error"], key
+    assert expected["r3"]["truncated"] and expected["r7"]["error"].startswith("invalid_request: record 7: not CSV")

@@ -67,14 +67,30 @@ def _fsync_dir(path: Path) -> None:
 
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
-    """Write `path` so that it either exists complete or not at all (tmp, fsync, rename, fsync dir)."""
+    """Write `path` so that it either exists complete or not at all (tmp, fsync, rename, fsync dir).
+    A write that fails (a full disk, a file system gone read-only) removes its .tmp file where it
+    can: it would hold the space a --resume needs."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        write(fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        _failed(exc, tmp)
+        raise
     _fsync_dir(path.parent)
+
+
+def _failed(exc: BaseException, tmp: Path) -> None:
+    """Clean up after a write into `tmp` failed; a write error names no file: name it."""
+    if isinstance(exc, OSError) and exc.filename is None:
+        exc.filename = str(tmp)
+    try:
+        tmp.unlink(missing_ok=True)
+    except OSError:  # e.g. read-only now: --resume drops it (WorkDir.parts)
+        pass
 
 
 @dataclass(frozen=True)
@@ -223,22 +239,30 @@ class WorkDir:
     def assemble(self, layout: Layout) -> int:
         """Join the parts into OUTPUT in one atomic rename; returns the number of rows."""
         parts = self.parts()
-        tmp = self.path / "assembled.tmp"
-        with open(tmp, "wb") as out:
+
+        def join(out: IO[bytes]) -> None:
             if layout.format == "parquet":
                 pq = require_pyarrow()
                 with pq.ParquetWriter(out, layout.schema()) as writer:
                     for part in parts:
                         writer.write_table(pq.read_table(part.path))
-            else:
-                if layout.format in ("csv", "tsv"):
-                    layout.write(out, [], header=True)
-                for part in parts:
-                    with open(part.path, "rb") as source:
-                        shutil.copyfileobj(source, out, 1 << 20)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, self.output)
+                return
+            if layout.format in ("csv", "tsv"):
+                layout.write(out, [], header=True)
+            for part in parts:
+                with open(part.path, "rb") as source:
+                    shutil.copyfileobj(source, out, 1 << 20)
+
+        tmp = self.path / "assembled.tmp"
+        try:
+            with open(tmp, "wb") as out:
+                join(out)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.output)
+        except BaseException as exc:
+            _failed(exc, tmp)  # OUTPUT is untouched; the parts stay for --resume
+            raise
         _fsync_dir(self.output.parent)
         return parts[-1].last if parts else 0
 

@@ -90,7 +90,7 @@ class CsvRecord:
     values: dict[int, Prefix]  # the kept fields (by column index) that the record has
     fields: int  # how many fields it has (up to the error, if any)
     error: str | None  # what csv.reader would raise
-    size: int  # bytes it took, its newline included (up to the error: see first_line)
+    size: int  # bytes read: the record with its newline (after an error: at least its first line)
     first_line: int  # bytes of its first physical line, newline included (where a broken record reads on)
     first_line_fields: int  # fields complete on its first line: those are trustworthy in a broken record
 

@@ -108,6 +108,7 @@ class Source:
     novelty_fit: list[Example] = field(default_factory=list)
     novelty_flag_rate: float = 0.0
     max_unknown_share: float = 0.5
+    scope_flag_target: float = 0.0  # > 0: choose the negative margin on validation (models/abstention.py)
 
 
 @dataclass

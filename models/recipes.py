@@ -87,7 +87,7 @@ class Recipe:
     split_seed: int = 13
     golden_count: int = 30
     train_subset: int = 0  # >0: only this many training examples (tiny test runs)
-    variants: tuple[str, ...] = ("fp32", "int8-u8u8", "int8-u8s8")
+    variants: tuple[str, ...] = ("fp32", "int8-u8u8", "int8-u8s8", "int8-u8s7")
     text_column: str = "text"
     label_column: str = "label"
     distill_augment: int = 0  # extra augmented copies of each training text the student is distilled on

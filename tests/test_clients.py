@@ -40,10 +40,10 @@ CLIENTS = REPO / "clients"
 HARNESSES = REPO / "tests" / "clients"
 FAKE = [sys.executable, str(HARNESSES / "fake_decide.py")]
 DECIDE = [sys.executable, "-m", "runtime", "-q"]  # run with cwd = this checkout: its own runtime
-LANGS = ("python",)
+LANGS = ("python", "node")
 MONO_PACKAGES = ("mono-mcs", "mono-runtime")
 MAIN_START_S = 90.0  # ready timeout and deadline for the shared real child
-KILL_AFTER_S = 0.1  # after the harness says its requests are in flight
+KILL_AFTER_S = 0.3  # after the harness says its requests are in flight (10,000 of them)
 HARNESS_EXIT_S = 30.0
 
 # Texts the default model answers with a wide margin (checked against a direct run below), so the
@@ -150,7 +150,7 @@ def check_killed(outputs: list[dict[str, Any]], ctx: Context) -> None:
     first, killed, in_flight, after = outputs
     ok(first)
     assert killed["pids"], "no decide child of the harness was found to kill"
-    labels, expected = ok(in_flight)["labels"], ctx.expected["pipelined"]
+    labels, expected = ok(in_flight)["labels"], ctx.expected["kill"]
     failed = [label for label in labels if isinstance(label, str) and label.startswith("!")]
     assert failed, "every request was answered: the kill came too late to test requests in flight"
     assert set(failed) == {"!connection_lost"}, f"requests in flight failed with {sorted(set(failed))}"
@@ -231,7 +231,7 @@ SCENARIOS = (
              uses_main=True),
     Scenario("threads_8", lambda c: [["threads", "main", "8", "25", str(c.files["pipelined"])]],
              check_labels("threads"), 60, uses_main=True),
-    Scenario("child_killed", lambda c: [one("main", TEXTS[0]), ["async", "main", str(c.files["pipelined"]), "inflight"],
+    Scenario("child_killed", lambda c: [one("main", TEXTS[0]), ["async", "main", str(c.files["kill"]), "inflight"],
                                         one("main", TEXTS[2])], check_killed, 90, uses_main=True),
     Scenario("close", lambda c: [["close", "main"], one("main", TEXTS[0])], check_close, 30,
              uses_main=True, ends_main=True),
@@ -467,14 +467,15 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> Any:
     root = tmp_path_factory.mktemp("clients")
     reference = dict(zip([*TEXTS, LONG_SENTENCE * 30_000], direct_labels([*TEXTS, LONG_SENTENCE * 30_000])))
     assert reference[LUNCH] is None and all(reference[t] for t in TEXTS[:-1]), reference
-    lists = {"pipelined": pattern(2000), "many": pattern(500), "echo": list(ECHO_TEXTS)}
+    lists = {"pipelined": pattern(2000), "many": pattern(500), "kill": pattern(10_000), "echo": list(ECHO_TEXTS)}
     files = {name: root / f"{name}.txt" for name in lists}
     for name, texts in lists.items():
         files[name].write_text("".join(t + "\n" for t in texts), encoding="utf-8")
     threads_order = [lists["pipelined"][i % 2000] for i in range(8 * 25)]  # thread t, call j → line t*25+j
-    expected = {"pipelined": [reference[t] for t in lists["pipelined"]], "many": [reference[t] for t in lists["many"]],
-                "threads": [reference[t] for t in threads_order],
-                "threads_socket": [reference[t] for t in lists["pipelined"][:80]]}
+    expected = {name: [reference[t] for t in lists[name]] for name in ("pipelined", "many", "kill")}
+    expected.update({
+        "threads": [reference[t] for t in threads_order],
+        "threads_socket": [reference[t] for t in lists["pipelined"][:80]]})
     sock, busy = root / "decide.sock", root / "busy.sock"
     servers = [start_server(sock), start_server(busy, "--max-connections", "1", "--idle-timeout", "0")]
     holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # takes the busy service's only slot
@@ -515,6 +516,6 @@ def test_client(lang: str, scenario: Scenario, ctx: Context, outcomes: Callable[
 
 def test_each_client_is_one_small_file() -> None:
     """The issue's limit: each client under 400 lines, one file (C: header + source)."""
-    files = [CLIENTS / "python" / "decide_client.py"]
+    files = [CLIENTS / "python" / "decide_client.py", CLIENTS / "node" / "decide_client.js"]
     sizes = {f.relative_to(REPO).as_posix(): len(f.read_text(encoding="utf-8").splitlines()) for f in files}
     assert all(n < 400 for n in sizes.values()), sizes

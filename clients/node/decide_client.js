@@ -41,7 +41,8 @@ function toAnswer(data) {
 /**
  * One child process or one socket connection, with its requests in flight in sending order. The
  * protocol answers every line once, in order: an answer carries our id, or null when the runtime
- * could not read the line (line_too_long) - then it is the oldest request's. A timed-out request
+ * could not read the line (line_too_long) - then it is the oldest request's; an id-less `busy` is
+ * the service refusing the connection (every request on it fails busy). A timed-out request
  * stays in `pending` (marked done) so that its late answer is recognised and dropped.
  */
 class Link {
@@ -51,7 +52,6 @@ class Link {
     this.pending = new Map(); // id -> {resolve, reject, timer, done}; Map keeps the sending order
     this.nextId = 1;
     this.failure = null;
-    this.refusal = null;
     this.closing = false;
     this.answered = false;
     this.endedAt = 0;
@@ -93,6 +93,12 @@ class Link {
       return false;
     }
     const id = message.id ?? null;
+    const error = message.error && typeof message.error === 'object' ? message.error : null;
+    if (id === null && error && error.code === 'busy') { // the service refuses this connection
+      this.fail(new DecideError('busy', String(error.message)));
+      this.kill();
+      return false;
+    }
     let entry = id !== null ? this.pending.get(id) : undefined;
     if (entry !== undefined) this.pending.delete(id);
     else if (id === null && message.error && this.pending.size) { // an unreadable line: the oldest
@@ -100,11 +106,7 @@ class Link {
       this.pending.delete(oldest);
       entry = first;
     }
-    const error = message.error && typeof message.error === 'object' ? message.error : null;
-    if (entry === undefined) {
-      if (id === null && error) this.refusal = new DecideError(String(error.code), String(error.message));
-      return true; // a late answer (its call timed out), or the service refusing the connection
-    }
+    if (entry === undefined) return true; // a late answer: its call timed out
     this.answered = true;
     clearTimeout(entry.timer);
     if (entry.done) return true;
@@ -142,7 +144,7 @@ class Link {
   }
 
   end(error) {
-    this.fail(this.closing ? new DecideError('closed', 'the client was closed') : this.refusal || error);
+    this.fail(this.closing ? new DecideError('closed', 'the client was closed') : error);
     this.onEnded();
   }
 

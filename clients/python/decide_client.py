@@ -89,8 +89,8 @@ class _Link:
 
     The protocol answers every request line exactly once, in order: an answer carries our id, or
     null when the runtime could not read the line (line_too_long, invalid_utf8) — then it belongs
-    to the oldest request in flight. A request whose call timed out stays in `pending`, so that its
-    late answer is recognised and dropped."""
+    to the oldest request in flight; an id-less `busy` is the service refusing the connection. A
+    request whose call timed out stays in `pending`, so that its late answer is recognised and dropped."""
 
     def __init__(self, recv: Callable[[int], bytes], send: Callable[[bytes], Any], shut: Callable[[], Any],
                  release: Callable[[], Any], process: subprocess.Popen | None = None,
@@ -102,7 +102,6 @@ class _Link:
         self.next_id = 1
         self.outbox: queue.Queue[bytes | None] = queue.Queue()
         self.failure: DecideError | None = None
-        self.refusal: DecideError | None = None  # an id-less error before any request (busy)
         self.closing = self.answered = False
         self.ended_at = 0.0
         self.ready: concurrent.futures.Future = concurrent.futures.Future()
@@ -155,7 +154,7 @@ class _Link:
                     self._answer(line)
         except (OSError, ValueError):
             pass  # the end of the stream, as EOF
-        except DecideError as exc:  # a line that is not the protocol's: this link is done
+        except DecideError as exc:  # a refusal, or a line that is not the protocol's: this link is done
             self.fail(exc)
             self.kill()
         finally:
@@ -174,19 +173,16 @@ class _Link:
                 raise DecideError(PROTOCOL_ERROR, f"expected the ready line, got: {line[:200]!r}")
             self.ready.set_result(message)
             return
-        request_id = message.get("id")
+        request_id, error = message.get("id"), message.get("error")
+        if request_id is None and isinstance(error, dict) and error.get("code") == "busy":
+            raise DecideError("busy", str(error.get("message")))  # the service refuses this connection
         with self.lock:
             if isinstance(request_id, int) and request_id in self.pending:
                 future = self.pending.pop(request_id)
             elif request_id is None and "error" in message and self.pending:
                 future = self.pending.popitem(last=False)[1]  # an unreadable line: the oldest
             else:
-                future = None  # a late answer (its call timed out), or a refusal
-        error = message.get("error")
-        if future is None:
-            if request_id is None and isinstance(error, dict):  # the service refused the connection
-                self.refusal = DecideError(str(error.get("code")), str(error.get("message")))
-            return
+                return  # a late answer: its call timed out
         self.answered = True
         with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled by its caller
             if isinstance(error, dict):
@@ -208,8 +204,6 @@ class _Link:
         """Why the stream ended: the child's exit status and last stderr line, or the service."""
         if self.closing:
             return DecideError(CLOSED, "the client was closed")
-        if self.refusal is not None:
-            return self.refusal
         if self.process is None:
             return DecideError(CONNECTION_LOST, "the decide service closed the connection")
         try:

@@ -40,7 +40,7 @@ CLIENTS = REPO / "clients"
 HARNESSES = REPO / "tests" / "clients"
 FAKE = [sys.executable, str(HARNESSES / "fake_decide.py")]
 DECIDE = [sys.executable, "-m", "runtime", "-q"]  # run with cwd = this checkout: its own runtime
-LANGS = ("python", "c", "node")
+LANGS = ("python", "c", "java", "node")
 MONO_PACKAGES = ("mono-mcs", "mono-runtime")
 MAIN_START_S = 90.0  # ready timeout and deadline for the shared real child
 KILL_AFTER_S = 0.3  # after the harness says its requests are in flight (10,000 of them)
@@ -520,6 +520,6 @@ def test_client(lang: str, scenario: Scenario, ctx: Context, outcomes: Callable[
 def test_each_client_is_one_small_file() -> None:
     """The issue's limit: each client under 400 lines, one file (C: header + source)."""
     files = [CLIENTS / "python" / "decide_client.py", CLIENTS / "c" / "decide_client.h", CLIENTS / "c" / "decide_client.c",
-             CLIENTS / "node" / "decide_client.js"]
+             CLIENTS / "java" / "DecideClient.java", CLIENTS / "node" / "decide_client.js"]
     sizes = {f.relative_to(REPO).as_posix(): len(f.read_text(encoding="utf-8").splitlines()) for f in files}
     assert all(n < 400 for n in sizes.values()), sizes

@@ -40,7 +40,7 @@ CLIENTS = REPO / "clients"
 HARNESSES = REPO / "tests" / "clients"
 FAKE = [sys.executable, str(HARNESSES / "fake_decide.py")]
 DECIDE = [sys.executable, "-m", "runtime", "-q"]  # run with cwd = this checkout: its own runtime
-LANGS = ("python", "c", "java", "node")
+LANGS = ("python", "c", "java", "csharp", "node")
 MONO_PACKAGES = ("mono-mcs", "mono-runtime")
 MAIN_START_S = 90.0  # ready timeout and deadline for the shared real child
 KILL_AFTER_S = 0.3  # after the harness says its requests are in flight (10,000 of them)
@@ -153,7 +153,8 @@ def check_killed(outputs: list[dict[str, Any]], ctx: Context) -> None:
     labels, expected = ok(in_flight)["labels"], ctx.expected["kill"]
     failed = [label for label in labels if isinstance(label, str) and label.startswith("!")]
     assert failed, "every request was answered: the kill came too late to test requests in flight"
-    assert set(failed) == {"!connection_lost"}, f"requests in flight failed with {sorted(set(failed))}"
+    assert {f.split(":")[0] for f in failed} == {"!connection_lost"}, f"requests in flight failed with {sorted(set(failed))[:3]}"
+    assert "decide" in failed[0] and ("signal" in failed[0] or "code" in failed[0]), f"not a clear error: {failed[0]}"
     wrong = [i for i, (got, want) in enumerate(zip(labels, expected)) if got != want and got not in failed]
     assert not wrong, f"answers before the kill went astray, first at #{wrong[0]}"
     assert ok(after)["label"] == ctx.reference[TEXTS[2]], "the next call did not restart decide"
@@ -520,6 +521,6 @@ def test_client(lang: str, scenario: Scenario, ctx: Context, outcomes: Callable[
 def test_each_client_is_one_small_file() -> None:
     """The issue's limit: each client under 400 lines, one file (C: header + source)."""
     files = [CLIENTS / "python" / "decide_client.py", CLIENTS / "c" / "decide_client.h", CLIENTS / "c" / "decide_client.c",
-             CLIENTS / "java" / "DecideClient.java", CLIENTS / "node" / "decide_client.js"]
+             CLIENTS / "java" / "DecideClient.java", CLIENTS / "csharp" / "DecideClient.cs", CLIENTS / "node" / "decide_client.js"]
     sizes = {f.relative_to(REPO).as_posix(): len(f.read_text(encoding="utf-8").splitlines()) for f in files}
     assert all(n < 400 for n in sizes.values()), sizes

@@ -44,9 +44,9 @@ public final class Harness {
         try {
             return json(call.get().label);
         } catch (DecideException e) {
-            return json("!" + e.code());
+            return json("!" + e.code() + ": " + e.getMessage());
         } catch (CompletionException e) {
-            return json("!" + ((DecideException) e.getCause()).code());
+            return json("!" + ((DecideException) e.getCause()).code() + ": " + e.getCause().getMessage());
         }
     }
 

@@ -62,10 +62,10 @@ static void free_lines(char **lines, size_t n) {
     free(lines);
 }
 
-/* The label ("!code" for a failed call) as JSON. */
+/* The label ("!code: message" for a failed call) as JSON. */
 static void put_label(const decide_answer *a, const decide_error *e, int ok) {
-    char failed[40];
-    if (!ok) snprintf(failed, sizeof failed, "!%s", e->code), put_string(failed);
+    char failed[sizeof e->code + sizeof e->message + 4];
+    if (!ok) snprintf(failed, sizeof failed, "!%s: %s", e->code, e->message), put_string(failed);
     else if (a->label) put_string(a->label);
     else printf("null");
 }
@@ -80,9 +80,9 @@ static void *work(void *arg) {
         decide_error e;
         int ok = decide_classify(w->client, w->texts[(size_t)i % w->n_texts], &a, &e) == 0;
         const char *label = ok ? (a.label ? a.label : NULL) : e.code;
-        n = snprintf(NULL, 0, "%s%s", ok ? "" : "!", label ? label : "");
+        n = snprintf(NULL, 0, "%s%s%s%s", ok ? "" : "!", label ? label : "", ok ? "" : ": ", ok ? "" : e.message);
         w->labels[i] = label ? malloc((size_t)n + 1) : NULL;
-        if (label) snprintf(w->labels[i], (size_t)n + 1, "%s%s", ok ? "" : "!", label);
+        if (label) snprintf(w->labels[i], (size_t)n + 1, "%s%s%s%s", ok ? "" : "!", label, ok ? "" : ": ", ok ? "" : e.message);
         if (ok) decide_answer_free(&a);
     }
     return NULL;

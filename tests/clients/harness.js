@@ -19,7 +19,7 @@ async function labelOrCode(call) {
   try {
     return (await call()).label;
   } catch (err) {
-    if (err instanceof DecideError) return `!${err.code}`;
+    if (err instanceof DecideError) return `!${err.code}: ${err.message}`;
     throw err;
   }
 }

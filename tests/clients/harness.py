@@ -20,7 +20,7 @@ of TAB-separated fields:
 The answer line: {"cmd", "elapsed_ms"} plus either "error_code" and "error_message" (the call
 raised) or the results: `one` gives label, leaning, score, abstained, reason, truncated; `many`,
 `async` and `threads` give "labels", one per line in the order above: the label, null when
-abstained, or "!CODE" for a call that failed with CODE. Run with clients/python on PYTHONPATH.
+abstained, or "!CODE: MESSAGE" for a call that failed. Run with clients/python on PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from decide_client import DecideClient, DecideError
 
 
 def label_or_code(call: Any) -> Any:
-    """The answer's label, or "!code" when the call failed."""
+    """The answer's label, or "!code: message" when the call failed."""
     try:
         return call().label
     except DecideError as exc:
-        return f"!{exc.code}"
+        return f"!{exc.code}: {exc.message}"
 
 
 def read_lines(path: str) -> list[str]:
@@ -72,7 +72,7 @@ def run(fields: list[str], clients: dict[str, DecideClient]) -> dict[str, Any]:
             try:
                 return future.result(max(0.0, deadline - time.monotonic()))
             except concurrent.futures.TimeoutError:
-                raise DecideError("timeout", "no answer in time") from None
+                raise DecideError("timeout", "no answer in time (harness)") from None
 
         return {"labels": [label_or_code(lambda f=future: wait(f)) for future in futures]}
     elif cmd == "threads":

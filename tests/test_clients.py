@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import queue
 import shutil
 import signal
@@ -34,6 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from zips import MODEL_DIR, zip_of_this_tree
+
+from bundle_spec import matrix
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENTS = REPO / "clients"
@@ -258,17 +262,17 @@ SCENARIOS = (
 
 
 def decide_children(pid: int) -> list[int]:
-    """The decide processes (`-m runtime`) whose parent is `pid`."""
+    """The children of `pid` (a harness starts no process but its decide children)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")[:1]
         except OSError:
             continue  # gone meanwhile
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"runtime" in cmdline:
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and cmdline != [b""]:  # (a zombie has no cmdline)
             found.append(int(entry.name))
     return found
 
@@ -338,18 +342,20 @@ class Harness:
         self.process.wait()
 
 
-def play(command: list[str], env: dict[str, str], ctx: Context, log: Path) -> dict[str, Outcome]:
-    """Every scenario through one client's harness; a fresh harness after one missed its deadline."""
+def play(command: list[str], env: dict[str, str], ctx: Context, log: Path, decide: list[str],
+         scenarios: tuple[Scenario, ...]) -> dict[str, Outcome]:
+    """The scenarios through one client's harness, `decide` the shared child's command; a fresh
+    harness after one missed its deadline."""
     outcomes: dict[str, Outcome] = {}
     harness: Harness | None = None
     has_main = False
-    for scenario in SCENARIOS:
+    for scenario in scenarios:
         outcome = outcomes[scenario.name] = Outcome()
         if harness is None:
             harness, has_main = Harness(command, env, log), False
         if scenario.uses_main and not has_main:
             started: list[dict[str, Any]] = []
-            spawn = ["spawn", "main", str(MAIN_START_S), "60", *DECIDE]
+            spawn = ["spawn", "main", str(MAIN_START_S), "60", *decide]
             failure = harness.call(spawn, time.monotonic() + MAIN_START_S + 10, started)
             if failure is None and "error_code" in started[0]:
                 failure = errors(started[0])
@@ -369,7 +375,8 @@ def play(command: list[str], env: dict[str, str], ctx: Context, log: Path) -> di
                 break
         has_main = has_main and not scenario.ends_main
     if harness is not None and (failure := harness.finish()) is not None:
-        outcomes["close"].failure = outcomes["close"].failure or failure
+        last = outcomes[scenarios[-1].name]
+        last.failure = last.failure or failure
     return outcomes
 
 
@@ -496,24 +503,74 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 @pytest.fixture(scope="module")
-def outcomes(ctx: Context, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[str, Outcome]]:
-    """lang → its scenarios' outcomes (the harness is built and played once, on first use)."""
-    played: dict[str, dict[str, Outcome]] = {}
+def harnesses(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[list[str], dict[str, str], Path]]:
+    """lang → (its harness command, environment, stderr log), built once; a toolchain's skip is kept too."""
+    built: dict[str, Any] = {}
 
-    def get(lang: str) -> dict[str, Outcome]:
-        if lang not in played:
+    def get(lang: str) -> tuple[list[str], dict[str, str], Path]:
+        if lang not in built:
             out = tmp_path_factory.mktemp(f"harness-{lang}")
-            command, env = build(lang, out)
-            played[lang] = play(command, env, ctx, out / "stderr.log")
-        return played[lang]
+            try:
+                built[lang] = (*build(lang, out), out / "stderr.log")
+            except (pytest.skip.Exception, pytest.fail.Exception) as exc:
+                built[lang] = exc
+        if isinstance(built[lang], BaseException):
+            raise built[lang]
+        return built[lang]
+    return get
+
+
+@pytest.fixture(scope="module")
+def outcomes(ctx: Context, harnesses: Callable[[str], Any]) -> Callable[[str, str], dict[str, Outcome]]:
+    """(lang, "source" or the frozen binary's path) → the scenarios' outcomes, played once."""
+    played: dict[tuple[str, str], dict[str, Outcome]] = {}
+
+    def get(lang: str, decide: str) -> dict[str, Outcome]:
+        if (lang, decide) not in played:
+            command, env, log = harnesses(lang)
+            if decide == "source":
+                played[lang, decide] = play(command, env, ctx, log, DECIDE, SCENARIOS)
+            else:
+                played[lang, decide] = play(command, env, ctx, log, [decide, "-q"], FROZEN_SCENARIOS)
+        return played[lang, decide]
     return get
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
 @pytest.mark.parametrize("lang", LANGS)
-def test_client(lang: str, scenario: Scenario, ctx: Context, outcomes: Callable[[str], dict[str, Outcome]]) -> None:
+def test_client(lang: str, scenario: Scenario, ctx: Context, outcomes: Callable[[str, str], dict[str, Outcome]]) -> None:
     """One conformance scenario through one client, within its deadline."""
-    outcome = outcomes(lang)[scenario.name]
+    outcome = outcomes(lang, "source")[scenario.name]
+    assert outcome.failure is None, outcome.failure
+    scenario.check(outcome.outputs, ctx)
+
+
+FROZEN_SCENARIOS = tuple(s for s in SCENARIOS if s.uses_main)
+
+
+@pytest.fixture(scope="module")
+def frozen_decide() -> str:
+    """The frozen x86_64 binary of this tree. CI (DECIDE_STRICT=1) has built its zip in
+    tests/test_bundle.py by now (or builds it here); elsewhere only a zip `python3 build.py` left in
+    dist/ is used: building one takes minutes and root."""
+    if platform.machine() != "x86_64":
+        pytest.skip("the frozen binary is tested on an x86_64 host")
+    if os.environ.get("DECIDE_STRICT") == "1":
+        zip_path = zip_of_this_tree("x86_64")
+    else:
+        zip_path = matrix.matching_zip(REPO / "dist", "x86_64", matrix.git_commit(), matrix.inputs_digest(MODEL_DIR))
+        if zip_path is None:
+            pytest.skip("no x86_64 zip of this tree in dist/ (CI builds one; or: python3 build.py)")
+    return str(matrix.unpack_bundle(zip_path, "x86_64").executable)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("scenario", FROZEN_SCENARIOS, ids=[s.name for s in FROZEN_SCENARIOS])
+@pytest.mark.parametrize("lang", LANGS)
+def test_client_with_the_frozen_binary(lang: str, scenario: Scenario, ctx: Context, frozen_decide: str,
+                                       outcomes: Callable[[str, str], dict[str, Outcome]]) -> None:
+    """The scenarios of the shared child through each client, with the zip's `decide` as the child."""
+    outcome = outcomes(lang, frozen_decide)[scenario.name]
     assert outcome.failure is None, outcome.failure
     scenario.check(outcome.outputs, ctx)
 

@@ -18,6 +18,7 @@ is a failure.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import platform
@@ -573,6 +574,15 @@ def test_client_with_the_frozen_binary(lang: str, scenario: Scenario, ctx: Conte
     outcome = outcomes(lang, frozen_decide)[scenario.name]
     assert outcome.failure is None, outcome.failure
     scenario.check(outcome.outputs, ctx)
+
+
+def test_the_python_client_is_python_3_8_and_stdlib_only() -> None:
+    """Python 3.8+ (the issue): no newer syntax, and no import outside the standard library (the one
+    under TYPE_CHECKING, for an annotation, is never made)."""
+    tree = ast.parse((CLIENTS / "python" / "decide_client.py").read_text(encoding="utf-8"), feature_version=(3, 8))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported - {"typing_extensions"} <= set(sys.stdlib_module_names), imported
 
 
 def test_each_client_is_one_small_file() -> None:

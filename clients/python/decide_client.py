@@ -287,8 +287,8 @@ class DecideClient:
     def classify_many(self, texts: Sequence[str], timeout: float | None = None) -> list[Answer]:
         """Many texts, pipelined (one request line each, all in flight at once); answers in order.
         The timeout is for the whole call; the first error raises."""
+        link = self._current()  # (a restart waits for the ready line first, as in classify)
         deadline = self._deadline(timeout)
-        link = self._current()
         return [self._wait(future, deadline) for future in [link.request(text) for text in texts]]
 
     def submit(self, text: str) -> concurrent.futures.Future:

@@ -7,7 +7,7 @@ exit-at-start  one stderr line like a damaged package's, exit code 4, no ready l
 stall          ready line, then reads every request and answers none; ignores EOF (only a
                signal ends it): a stuck engine
 echo           ready line, then each request answered with label = leaning = its text; a text
-               starting with "slow" is answered after 1.5 s
+               starting with "slow" is answered after 1.2 s
 stderr-flood   echo, but 1 MiB on stderr before the ready line and 64 KiB before each answer (a
                client that does not drain stderr makes it block)
 """
@@ -21,7 +21,7 @@ import time
 
 READY = {"event": "ready", "version": "fake", "model": {"name": "fake", "version": "0", "labels": ["a", "b"]},
          "limits": {"max_line_bytes": 1 << 20, "max_texts": 256}}
-SLOW_S = 1.5
+SLOW_S = 1.2  # the client times out at 1 s; its next call then waits ~0.2 s of its 1 s
 
 
 def write(fd: int, data: bytes) -> None:

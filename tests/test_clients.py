@@ -9,7 +9,8 @@ harness that does not answer in time is killed and the scenario fails with the c
 
 The scenarios that use the real child share one (`main`) per harness, started once: the 2,000
 pipelined texts, classify_many, a very long text, an abstention, error answers, 8 threads, the
-child killed mid-stream (this suite SIGKILLs it while the requests are in flight) and close.
+child killed mid-stream (this suite SIGKILLs it while the requests are in flight) and close. They
+run a second time with the frozen binary as the child (heavy: the zip the bundle tests built).
 
 A missing toolchain (gcc, javac, node; Mono's mcs, which this module installs with apt-get when
 it runs as root) skips that client's tests with the reason; under DECIDE_STRICT=1 (CI) the skip
@@ -66,8 +67,8 @@ TEXTS = (
 LUNCH = TEXTS[-1]  # out_of_scope for the default model
 LONG_SENTENCE = "Pump P3 is leaking oil. "  # × 30,000 = 720,000 characters; × 50,000 > 1 MiB
 # Echoed back by the fake child: the round trip of every kind of character through a client's JSON.
-ECHO_TEXTS = ("plain", "Öllache °C", "квадрат", "急停", "emoji 🔧 and 𝄞", 'quote " backslash \\ tab\\t',
-              "\u00e9\u0301 combining", "\u2028 line separator")
+ECHO_TEXTS = ("plain", "Öllache °C", "квадрат", "急停", "emoji 🔧 and 𝄞", 'quote " backslash \\ tab\t end',
+              "control \x01 character", "\u00e9\u0301 combining", "\u2028 line separator")
 
 
 def pattern(count: int) -> list[str]:
@@ -89,6 +90,8 @@ class Context:
 
 @dataclass(frozen=True)
 class Scenario:
+    """Harness commands, what their answers must show, the deadline for all of them."""
+
     name: str
     commands: Callable[[Context], list[list[str]]]
     check: Callable[[list[dict[str, Any]], Context], None]
@@ -99,6 +102,8 @@ class Scenario:
 
 @dataclass
 class Outcome:
+    """A scenario's answer lines, or why it has none (a missed deadline, a harness that died)."""
+
     outputs: list[dict[str, Any]] = field(default_factory=list)
     failure: str | None = None
 

@@ -1,43 +1,35 @@
-"""Embedding decide in another program: start it once, wait for "ready", then one line per request.
+"""Embedding decide in another program, through the Python client (clients/python/decide_client.py).
 
     python3 examples/embed.py "Who won the world cup?" "Is coffee bad for you?"
     python3 examples/embed.py --decide dist/decide/decide "..."     # the frozen binary instead
 
-The child keeps its model loaded between requests; each response is flushed as soon as it is
-ready, so a request → response round trip needs no batching or timeouts on this side.
+The client starts one `decide --ready` child and keeps it (and its loaded model) for every request:
+it waits for the ready line, pipelines the texts, matches each answer to its text, times calls
+out, restarts a child that died and drains its stderr. In your own program, copy
+decide_client.py next to your code and `from decide_client import DecideClient`; the other
+languages' clients: docs/embedding.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib.util
 import shlex
-import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+
+REPO = Path(__file__).resolve().parent.parent
 
 
-class Decide:
-    """A running `decide --ready` child process."""
-
-    def __init__(self, command: list[str]):
-        self.proc = subprocess.Popen([*command, "--ready", "--quiet"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parent.parent)
-        ready = json.loads(self.proc.stdout.readline() or b"null")
-        if not ready or ready.get("event") != "ready":
-            raise RuntimeError(f"decide did not start (exit code {self.proc.wait()})")
-        self.labels = ready["model"]["labels"]
-
-    def classify(self, text: str) -> dict:
-        """One request, one response."""
-        self.proc.stdin.write(json.dumps({"text": text}, ensure_ascii=False).encode("utf-8") + b"\n")
-        self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())
-
-    def close(self) -> int:
-        """Close stdin: decide answers what it has read and exits 0."""
-        self.proc.stdin.close()
-        return self.proc.wait()
+def load_client() -> ModuleType:
+    """clients/python/decide_client.py, imported from its path (this example is not installed)."""
+    spec = importlib.util.spec_from_file_location("decide_client", REPO / "clients" / "python" / "decide_client.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (dataclasses look their module up there)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> int:
@@ -47,12 +39,16 @@ def main() -> int:
                         help="command that starts decide (default: python -m runtime)")
     parser.add_argument("--model", default=None, help="model package directory")
     args = parser.parse_args()
-    command = shlex.split(args.decide) + (["--model", args.model] if args.model else [])
-    decide = Decide(command)
-    for text in args.texts:
-        response = decide.classify(text)
-        print(f"{response['label']:<12} {response['score']:.3f}  {text}")
-    return decide.close()
+    command = shlex.split(args.decide) + (["--model", args.model] if args.model else []) + ["--quiet"]
+    decide_client = load_client()
+    try:
+        with decide_client.DecideClient.spawn(command, cwd=str(REPO)) as client:
+            for text, answer in zip(args.texts, client.classify_many(args.texts)):
+                print(f"{answer.label or '(' + answer.reason + ')':<12} {answer.score:.3f}  {text}")
+    except decide_client.DecideError as exc:
+        print(f"embed.py: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

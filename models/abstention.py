@@ -81,6 +81,8 @@ def scope(draft) -> None:
         _add_novelty(draft, cases, negatives)
     elif source.novelty_flag_rate:
         log("novelty score: no training cases to fit it on; the package has none")
+    if source.scope_flag_target and negatives:
+        _choose_margin(draft, negatives)
     _record_flag_rates(draft, negatives)
 
 
@@ -119,6 +121,41 @@ def _add_novelty(draft, cases: list[Example], negatives: set[str]) -> None:
                   "on the features the last linear layer reads",
         "fitted_on": f"{len(cases)} training cases", "chosen_on": f"{len(texts)} {chosen_on} texts"}
     log(f"novelty score: thresholds {thresholds} (flag {100 * source.novelty_flag_rate:.1f} % of {chosen_on} cases)")
+
+
+MARGINS = tuple(round(0.25 * i, 2) for i in range(17))  # 0 … 4 (log-odds)
+
+
+def _choose_margin(draft, negatives: set[str]) -> None:
+    """The largest negative margin whose FP32 answers still flag `scope_flag_target` of the
+    validation split's non-cases (0 when even the top-class rule flags fewer): texts that lean to
+    "not a case" only a little are then answered as the case they name (runtime/abstain.py)."""
+    from runtime.abstain import decide
+    from runtime.manifest import read_manifest
+
+    source = draft.source
+    validation = source.heldout.validation
+    is_case = np.array([e.label not in negatives for e in validation])
+    if is_case.all() or not is_case.any():
+        log("negative margin: the validation split needs cases and non-cases to choose it; margin 0")
+        return
+    manifest = read_manifest(json.loads(json.dumps(draft.manifest().to_json())))  # as the runtime reads it
+    policy = manifest.abstention_policy("fp32")
+    results = draft.engine("fp32").classify([e.text for e in validation])
+    rows = []
+    for margin in MARGINS:
+        chosen = replace(policy, negative_margin=margin)
+        flagged = np.array([decide(r.probs, chosen, r.unknown_share, r.novelty).abstained for r in results])
+        rows.append((margin, float(flagged[~is_case].mean()), float(flagged[is_case].mean())))
+    meeting = [row for row in rows if row[1] >= source.scope_flag_target]
+    margin, non_cases, cases = meeting[-1] if meeting else rows[0]
+    draft.abstention["negative_margin"] = margin
+    draft.abstention["negative_margin_choice"] = {
+        "target_non_cases_flagged": source.scope_flag_target, "chosen_on": f"{len(validation)} validation texts (fp32)",
+        "non_cases_flagged": round(non_cases, 4), "cases_flagged": round(cases, 4),
+        "at_margin_0": {"non_cases_flagged": round(rows[0][1], 4), "cases_flagged": round(rows[0][2], 4)}}
+    log(f"negative margin {margin}: validation non-cases flagged {100 * non_cases:.1f} % (target "
+        f"{100 * source.scope_flag_target:.1f} %), cases {100 * cases:.1f} % (margin 0: {100 * rows[0][2]:.1f} %)")
 
 
 def _record_flag_rates(draft, negatives: set[str]) -> None:

@@ -97,7 +97,7 @@ class Source:
     calibration_texts: list[str]  # the int8 activation ranges are calibrated on these
     calibration_source: str
     golden_candidates: list[Example]
-    variants: tuple[str, ...] = ("fp32", "int8-u8u8", "int8-u8s8")
+    variants: tuple[str, ...] = ("fp32", "int8-u8u8", "int8-u8s8", "int8-u8s7")
     golden_count: int = 30
     calibrate: bool = True  # fit a temperature on the validation split
     calibration: dict = field(default_factory=dict)  # kept as it is when calibrate is False
@@ -108,6 +108,7 @@ class Source:
     novelty_fit: list[Example] = field(default_factory=list)
     novelty_flag_rate: float = 0.0
     max_unknown_share: float = 0.5
+    scope_flag_target: float = 0.0  # > 0: choose the negative margin on validation (models/abstention.py)
 
 
 @dataclass
@@ -187,9 +188,10 @@ def host_tier() -> tuple[str, tuple[str, ...]] | None:
 def quantize(draft: Draft) -> None:
     """The int8 variants from the FP32 graph, activation scales calibrated on the source's texts.
 
-    Only the variants this machine's tier serves: the others run here on kernels no tier uses them
-    with (int8-u8s8 saturates on x86 without VNNI), so neither their accuracy nor their selftest
-    outputs could be measured; they are left out with that reason in the manifest.
+    A variant whose integer products depend on the kernel (int8-u8s8 saturates on x86 without
+    VNNI) only when this machine's tier serves it: elsewhere neither its accuracy nor its selftest
+    outputs could be measured, and it is left out with that reason in the manifest. Variants that
+    are exact on every kernel (u8u8; u8s7's 7-bit weights cannot saturate) are made anywhere.
     """
     from models.quantize import VARIANTS_BY_NAME, calibration_record, quantize_variants, text_feeds
     from runtime.text import TextEncoder
@@ -198,7 +200,7 @@ def quantize(draft: Draft) -> None:
     host = host_tier()
     names = []
     for name in (n for n in source.variants if n in VARIANTS_BY_NAME):
-        if host is None or name in host[1]:
+        if host is None or name in host[1] or VARIANTS_BY_NAME[name].exact_everywhere:
             names.append(name)
         else:
             draft.rejected[name] = [(f"not made on this machine: its CPU tier {host[0]} never serves {name} "

@@ -52,6 +52,9 @@ class Int8Variant:
     per_channel: bool
     reduce_range: bool  # 7-bit weights: no VPMADDUBSW saturation on x86 without VNNI
     why: str
+    # Its integer products are exact on every kernel ORT has (no int16 saturation anywhere), so what
+    # the factory measures on one CPU is what every tier computes: it can be made on any machine.
+    exact_everywhere: bool = True
 
     def settings(self, calibration: dict) -> dict:
         """What the manifest records about this quantization (`Variant.quantization`)."""
@@ -65,7 +68,8 @@ INT8_VARIANTS = (
     Int8Variant(
         "int8-u8s8", "QInt8", per_channel=True, reduce_range=False,
         why="u8×s8 is what VNNI's vpdpbusd and ARM's sdot/usdot/smmla compute natively, without "
-            "saturation; on x86 without VNNI it would saturate in VPMADDUBSW (ORT docs)"),
+            "saturation; on x86 without VNNI it would saturate in VPMADDUBSW (ORT docs)",
+        exact_everywhere=False),
     Int8Variant(
         "int8-u8u8", "QUInt8", per_channel=True, reduce_range=False,
         why="x86 without VNNI: unsigned weights cannot saturate the int16 pair sums, and the "
@@ -74,11 +78,12 @@ INT8_VARIANTS = (
         "int8-u8s7", "QInt8", per_channel=True, reduce_range=True,
         why="x86 without VNNI, fast: signed 7-bit weights (reduce_range) keep VPMADDUBSW's pair sums "
             "within int16 (2 x 255 x 63 < 32767), so AVX2 runs the u8s8 kernel without saturating; "
-            "opt-in (a recipe's variants), issue 27"),
+            "issue 27; made by default since the weights are shared (issue 34)"),
 )
 VARIANTS_BY_NAME = {v.name: v for v in INT8_VARIANTS}
-# what a package gets when nobody names its int8 variants (import, re-quantization)
-DEFAULT_INT8 = ("int8-u8s8", "int8-u8u8")
+# what a package gets when nobody names its int8 variants (import, re-quantization): with the weights
+# shared (models/shared_weights.py) a variant costs only its graph
+DEFAULT_INT8 = ("int8-u8s8", "int8-u8u8", "int8-u8s7")
 
 
 # -- the FP32 graph ---------------------------------------------------------------------------

@@ -87,7 +87,7 @@ class Recipe:
     split_seed: int = 13
     golden_count: int = 30
     train_subset: int = 0  # >0: only this many training examples (tiny test runs)
-    variants: tuple[str, ...] = ("fp32", "int8-u8u8", "int8-u8s8")
+    variants: tuple[str, ...] = ("fp32", "int8-u8u8", "int8-u8s8", "int8-u8s7")
     text_column: str = "text"
     label_column: str = "label"
     distill_augment: int = 0  # extra augmented copies of each training text the student is distilled on
@@ -117,6 +117,10 @@ class Recipe:
     validation_data: tuple[str, ...] = ()
     novelty_flag_rate: float = 0.0
     max_unknown_share: float = 0.5
+    # > 0: the negative label's margin (runtime/abstain.py) is the largest one that still flags this
+    # share of the validation split's non-cases, so texts leaning to "not a case" only a little are
+    # answered as the case they name; 0 = the top class decides (margin 0)
+    scope_flag_target: float = 0.0
     extra: dict = field(default_factory=dict)
 
     def fingerprint(self, stage: str = "model") -> dict:
@@ -132,7 +136,7 @@ class Recipe:
         data["validation_data"] = [_sha256(p) for p in self.validation_paths()]
         # read or fitted after the cached stages (the head too: models/heads.py fits it on the cached student)
         for key in ("name", "version", "description", "golden_count", "variants", "calibrate", "calibration_texts",
-                    "novelty_flag_rate", "max_unknown_share", "head"):
+                    "novelty_flag_rate", "max_unknown_share", "head", "scope_flag_target"):
             data.pop(key)
         # unset (an empty student_arch is the transformer student): caches made before they existed stay valid
         for key in ("negative_labels", "negative_data", "validation_data", "student_arch", "tail_table",
@@ -246,6 +250,9 @@ def recipe_from_dict(data: dict) -> Recipe:
         raise ValueError("student_ffn must be a width in 1..1536, for a feature-distilled transformer student")
     if values.get("vocab_policy", "training-scripts") not in VOCAB_POLICIES:
         raise ValueError(f"vocab_policy must be one of {', '.join(map(repr, VOCAB_POLICIES))}")
+    target = values.get("scope_flag_target", 0.0)
+    if not (isinstance(target, (int, float)) and not isinstance(target, bool) and 0 <= target < 1):
+        raise ValueError("scope_flag_target must be a number in [0, 1): the share of validation non-cases to flag")
     share = values.get("max_unknown_share", 0.5)
     if not (isinstance(share, (int, float)) and 0 < share <= 1):
         raise ValueError("max_unknown_share must be a number in (0, 1]")

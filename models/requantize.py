@@ -88,10 +88,12 @@ def requantize_package(package_dir: Path, recipe_name: str | None = None, versio
         variants=("fp32", *[n for n in names if n in VARIANTS_BY_NAME]), golden_count=len(golden),
         calibrate=False, calibration=dict(manifest.calibration), provenance=provenance,
         # the package's abstention is made again the way it was: same negative labels, unreadable
-        # threshold and novelty flag rate, the novelty score fitted on the recipe's training split
+        # threshold, novelty flag rate and margin target, the novelty score fitted on the recipe's training split
         negative_labels=tuple(manifest.abstention.get("negative_labels", ())), novelty_fit=list(splits.train),
         novelty_flag_rate=float((manifest.abstention.get("novelty") or {}).get("flag_rate_target", 0.0)),
-        max_unknown_share=float(manifest.abstention.get("max_unknown_share", 0.5)))
+        max_unknown_share=float(manifest.abstention.get("max_unknown_share", 0.5)),
+        scope_flag_target=float((manifest.abstention.get("negative_margin_choice") or {}).get(
+            "target_non_cases_flagged", 0.0)))
     return publish(source, Path(package_dir))
 
 

@@ -6,10 +6,11 @@ cannot stand behind comes back abstained, with a reason, instead of a confident 
 - `unreadable`: the text itself is mostly characters the tokenizer has no piece for (a script the
   model never learned, mojibake…): its share of unknown characters is above the package's
   `abstention.max_unknown_share`. Decided from the text, before the model's answer is read.
-- `out_of_scope`: the model says "not my case": the top class is one of the package's negative
-  labels (trained on the user's "not a case" examples), or the graph's novelty score (distance
-  of the text's features to everything the model was fitted on) is above the variant's
-  threshold, chosen by the factory on validation data for a target false-flag rate.
+- `out_of_scope`: the model says "not my case": a negative label (trained on the user's "not a
+  case" examples) outweighs the best case label by more than the package's `negative_margin`
+  (log-odds; 0, the default, means "the top class is a negative label"), or the graph's novelty
+  score (distance of the text's features to everything the model was fitted on) is above the
+  variant's threshold. The factory chooses both on validation data (models/abstention.py).
 - `low_score`: the top case label's calibrated score is below `--min-score` (off by default).
 
 `label` is the decision (None when abstained); `leaning` is always the case label the model
@@ -19,6 +20,7 @@ transport, `decide score` and the library API call `decide` (docs/protocol.md, "
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,6 +43,10 @@ class AbstentionPolicy:
     max_unknown_share: float = DEFAULT_MAX_UNKNOWN_SHARE
     novelty_threshold: float | None = None  # None: the variant has no novelty score
     min_score: float | None = None
+    # log p(negative) − log p(best case) above which a negative label flags the text; 0.0 = the top
+    # class decides (a negative on top flags). A positive margin lets a text that leans to "not a
+    # case" only a little through as the case it names.
+    negative_margin: float = 0.0
 
     @property
     def case_indices(self) -> tuple[int, ...]:
@@ -51,7 +57,7 @@ class AbstentionPolicy:
         """JSON form for `info`."""
         return {"negative_labels": sorted(self.negative_labels), "max_unknown_share": self.max_unknown_share,
                 "novelty_threshold": self.novelty_threshold, "min_score": self.min_score,
-                "reasons": list(REASONS)}
+                "negative_margin": self.negative_margin, "reasons": list(REASONS)}
 
 
 @dataclass(frozen=True)
@@ -76,13 +82,23 @@ def decide(probs: Sequence[float], policy: AbstentionPolicy, unknown_share: floa
     cases = policy.case_indices
     best_case = max(cases, key=probs.__getitem__)
     leaning, score = policy.labels[best_case], probs[best_case]
-    top = policy.labels[max(range(len(probs)), key=probs.__getitem__)]
     novel = novelty is not None and policy.novelty_threshold is not None and novelty > policy.novelty_threshold
     reason = None
     if unknown_share > policy.max_unknown_share:
         reason = UNREADABLE
-    elif top in policy.negative_labels or novel:
+    elif _negative_wins(probs, policy, score) or novel:
         reason = OUT_OF_SCOPE
     elif policy.min_score is not None and score < policy.min_score:
         reason = LOW_SCORE
     return Decision(None if reason else leaning, leaning, score, reason)
+
+
+def _negative_wins(probs: Sequence[float], policy: AbstentionPolicy, best_case: float) -> bool:
+    """Whether a negative label outweighs the best case label by more than the policy's margin."""
+    if not policy.negative_labels:
+        return False
+    if policy.negative_margin == 0.0:  # the top class decides (ties go to the first label, as argmax)
+        top = policy.labels[max(range(len(probs)), key=probs.__getitem__)]
+        return top in policy.negative_labels
+    negative = max(p for label, p in zip(policy.labels, probs) if label in policy.negative_labels)
+    return math.log(max(negative, 1e-300)) - math.log(max(best_case, 1e-300)) > policy.negative_margin

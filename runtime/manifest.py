@@ -111,7 +111,8 @@ class Manifest:
         return AbstentionPolicy(
             labels=self.labels, negative_labels=frozenset(self.abstention.get("negative_labels", ())),
             max_unknown_share=float(self.abstention.get("max_unknown_share", DEFAULT_MAX_UNKNOWN_SHARE)),
-            novelty_threshold=None if threshold is None else float(threshold), min_score=min_score)
+            novelty_threshold=None if threshold is None else float(threshold), min_score=min_score,
+            negative_margin=float(self.abstention.get("negative_margin", 0.0)))
 
     def files(self) -> list[FileEntry]:
         """Every file the manifest lists (shared data files once), tokenizer first."""
@@ -293,6 +294,8 @@ def _abstention(fields: _Object, labels: tuple[str, ...], variants: dict[str, Va
                      "a list of distinct labels of the package, leaving at least one case label")
     share = abstention.get("max_unknown_share", DEFAULT_MAX_UNKNOWN_SHARE)
     abstention.check(is_number(share) and 0 < share <= 1, "max_unknown_share", "a number in (0, 1]")
+    margin = abstention.get("negative_margin", 0.0)
+    abstention.check(is_number(margin) and -20 <= margin <= 20, "negative_margin", "a number in [-20, 20] (log-odds)")
     if abstention.get("novelty", None) is not None:
         novelty = abstention.child("novelty")
         output = novelty.get("output", "")

@@ -46,7 +46,7 @@ def test_info_shows_the_policy(tiny_scoped_package_dir):
     info = json.loads(service.answer_lines([b'{"op": "info"}'])[0])
     assert info["abstention"] == {"negative_labels": ["other"], "max_unknown_share": 0.5,
                                   "novelty_threshold": tiny_package.NOVELTY_THRESHOLD, "min_score": 0.6,
-                                  "reasons": ["unreadable", "out_of_scope", "low_score"]}
+                                  "negative_margin": 0.0, "reasons": ["unreadable", "out_of_scope", "low_score"]}
 
 
 def test_a_package_without_the_section_still_flags_unreadable_text(tiny_package_dir):
@@ -76,6 +76,26 @@ def test_decide_orders_the_reasons():
     assert decide([0.9, 0.05, 0.05], policy, novelty=1.0).label == "a"
 
 
+def test_a_negative_margin_lets_a_case_through_that_leans_to_not_a_case_only_a_little():
+    # log p(none) − log p(best case) must exceed the margin for the negative label to flag
+    policy = AbstentionPolicy(labels=("a", "b", "none"), negative_labels=frozenset({"none"}), negative_margin=1.0)
+    slight = decide([0.35, 0.05, 0.6], policy)  # log(0.6 / 0.35) = 0.54 ≤ 1
+    assert (slight.label, slight.reason) == ("a", None)
+    clear = decide([0.1, 0.05, 0.85], policy)  # log(8.5) = 2.14 > 1
+    assert (clear.label, clear.leaning, clear.reason) == (None, "a", "out_of_scope")
+    stricter = AbstentionPolicy(labels=("a", "b", "none"), negative_labels=frozenset({"none"}), negative_margin=-1.0)
+    assert decide([0.6, 0.05, 0.35], stricter).reason == "out_of_scope"  # log(0.35 / 0.6) = −0.54 > −1
+    argmax = AbstentionPolicy(labels=("a", "b", "none"), negative_labels=frozenset({"none"}))
+    assert decide([0.35, 0.05, 0.6], argmax).reason == "out_of_scope"  # margin 0: the top class decides
+
+
+def test_the_margin_is_read_from_the_manifest(tiny_scoped_package_dir, tmp_path):
+    manifest = json.loads((tiny_scoped_package_dir / MANIFEST_NAME).read_text())
+    package = load_package(_with_abstention(tiny_scoped_package_dir, tmp_path,
+                                            {**manifest["abstention"], "negative_margin": 1.5}))
+    assert package.manifest.abstention_policy("fp32").negative_margin == 1.5
+
+
 def _with_abstention(source, tmp_path, section):
     copy = tmp_path / "package"
     shutil.copytree(source, copy)
@@ -91,6 +111,8 @@ def _with_abstention(source, tmp_path, section):
     ({"negative_labels": ["weather", "sports", "tech"]}, "abstention.negative_labels"),
     ({"max_unknown_share": 0}, "abstention.max_unknown_share"),
     ({"max_unknown_share": "0.5"}, "abstention.max_unknown_share"),
+    ({"negative_margin": "1"}, "abstention.negative_margin"),
+    ({"negative_margin": 50}, "abstention.negative_margin"),
     ({"novelty": {"output": "logits", "thresholds": {}}}, "abstention.novelty.output"),
     ({"novelty": {"output": "novelty", "thresholds": {"fp32": 1.0}}}, "abstention.novelty.thresholds"),
     ("all", "abstention"),

@@ -547,7 +547,7 @@ NEGATIVES = {"en": ["canteen closes at three today", "reset my password please",
                     "Besprechung auf Freitag verschoben", "Schichtübergabe erledigt", "neue Plakate in Halle 2",
                     "Parkplatz morgen gesperrt"]}
 UNREADABLE = "ދުވަހު ހަވީރު ސިސްޓަމް ހުއްޓުނު"  # Thaana: no piece of e5's vocabulary reads it
-SCOPED_SETTINGS = {**TINY_SETTINGS, "novelty_flag_rate": 0.05}
+SCOPED_SETTINGS = {**TINY_SETTINGS, "novelty_flag_rate": 0.05, "scope_flag_target": 0.9}
 
 
 def scoped_rows() -> list[list[str]]:
@@ -577,6 +577,11 @@ def test_a_model_trained_with_negatives_abstains_with_its_reasons(scoped_package
     abstention = manifest["abstention"]
     assert abstention["negative_labels"] == ["other"]
     assert set(abstention["novelty"]["thresholds"]) == set(manifest["variants"])
+    choice = abstention["negative_margin_choice"]  # the largest margin still flagging 90 % of validation non-cases
+    assert choice["target_non_cases_flagged"] == 0.9 and 0 <= abstention["negative_margin"] <= 4
+    assert choice["non_cases_flagged"] >= 0.9 or (abstention["negative_margin"] == 0
+                                                  and choice["at_margin_0"]["non_cases_flagged"] < 0.9), choice
+    assert choice["cases_flagged"] <= choice["at_margin_0"]["cases_flagged"]
     for variant in manifest["variants"].values():  # chosen to flag ~5 % of the validation cases
         assert variant["metrics"]["abstention"]["val"]["cases_flagged"] <= 0.25
     texts = ["NOTE: canteen closes at three today (line 9)", "NOTE: Parkplatz morgen gesperrt", UNREADABLE,
@@ -597,10 +602,11 @@ def test_a_model_trained_with_negatives_abstains_with_its_reasons(scoped_package
 
 
 def test_evaluate_reports_flag_rates_per_kind(scoped_package, tmp_path):
-    rows = [["HEAT: spindle is hot (line 7)", "overheating", "en", "case"],
-            ["NOTE: hello, how are you?", "", "en", "out_of_scope"], ["NOTE: Temperatur wieder normal", "", "de", "resolved"],
-            [UNREADABLE, "overheating", "dv", "unreadable"]]
-    data = write_csv(tmp_path / "kinds.csv", rows, header=("text", "label", "lang", "kind"))
+    rows = [["HEAT: spindle is hot (line 7)", "overheating", "en", "case", "plain"],
+            ["NOTE: hello, how are you?", "", "en", "out_of_scope", "polite"],
+            ["NOTE: Temperatur wieder normal", "", "de", "resolved", "plain"],
+            [UNREADABLE, "overheating", "dv", "unreadable", ""]]
+    data = write_csv(tmp_path / "kinds.csv", rows, header=("text", "label", "lang", "kind", "style"))
     result = run_models("evaluate", "--model", str(scoped_package), "--data", str(data), "--json", "--latency-runs", "2")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -608,6 +614,10 @@ def test_evaluate_reports_flag_rates_per_kind(scoped_package, tmp_path):
     scope = report["variants"]["fp32"]["abstention"]
     assert scope["unreadable"]["reasons"] == {"unreadable": 1} and scope["unreadable"]["flagged_or_right"] == 1.0
     assert scope["non_cases"]["texts"] == 2 and scope["out_of_scope"]["reasons"] == {"out_of_scope": 1}
+    styles = scope["by_style"]  # per writing style: cases and non-cases (the unreadable row has none)
+    assert set(styles) == {"plain", "polite"}
+    assert (styles["plain"]["cases"], styles["plain"]["non_cases"], styles["polite"]["non_cases"]) == (1, 1, 1)
+    assert styles["polite"]["non_cases_flagged"] == 1.0 and styles["polite"]["cases_flagged"] is None
     bad = write_csv(tmp_path / "bad-kind.csv", [["x", "", "en", "chitchat"]], header=("text", "label", "lang", "kind"))
     refused = run_models("evaluate", "--model", str(scoped_package), "--data", str(bad))
     assert refused.returncode == 2 and "unknown kind 'chitchat'" in refused.stderr and len(refused.stderr.splitlines()) == 1
@@ -648,11 +658,14 @@ def test_a_tiny_hybrid_trains_packages_and_selftests_every_variant(tmp_path):
 
     ops = {n.op_type for n in onnx.load(str(out / "model-fp32.onnx"), load_external_data=False).graph.node}
     assert {"Conv", "Attention"} <= ops
-    # publish makes the int8 variants this machine's tier serves (int8-u8s7 on AVX2), says why not the others
+    # publish makes the int8 variants this machine's tier serves and those exact on every kernel (u8u8,
+    # u8s7), says why not the others (u8s8 on x86 without VNNI)
+    from models.quantize import VARIANTS_BY_NAME
+
     host = host_tier()
     rejected = manifest["provenance"]["rejected_variants"]
     for name in TINY_HYBRID_SETTINGS["variants"][1:]:
-        if host is None or name in host[1]:
+        if host is None or name in host[1] or VARIANTS_BY_NAME[name].exact_everywhere:
             assert name in manifest["variants"], rejected
         else:
             assert name not in manifest["variants"] and "not made on this machine" in rejected[name][0]

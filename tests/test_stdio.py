@@ -93,6 +93,26 @@ def test_interactive_lines_are_answered_one_by_one(tiny_package_dir):
     assert proc.returncode == 0
 
 
+def test_stdin_and_stdout_may_be_a_socket_pair(tiny_package_dir):
+    # The C client (clients/c) gives the child a socket pair, not a pipe: EPIPE instead of SIGPIPE.
+    import socket
+
+    ours, theirs = socket.socketpair()
+    with ours:
+        proc = subprocess.Popen([sys.executable, "-m", "runtime", "--model", str(tiny_package_dir), "--ready"],
+                                cwd=REPO, stdin=theirs, stdout=theirs, stderr=subprocess.PIPE)
+        theirs.close()
+        ours.settimeout(30)
+        lines = ours.makefile("rb")
+        assert json.loads(lines.readline())["event"] == "ready"
+        for i, word in enumerate(["rain", "goal"]):
+            ours.sendall(json.dumps({"id": i, "text": word}).encode() + b"\n")
+            assert json.loads(lines.readline())["id"] == i
+        ours.shutdown(socket.SHUT_WR)  # end of input on a socket
+        assert lines.readline() == b""
+        assert proc.wait(timeout=30) == 0, proc.stderr.read().decode()
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_finishes_and_exits_0(tiny_package_dir, signum):
     proc = start(tiny_package_dir, "--ready")

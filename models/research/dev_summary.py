@@ -19,7 +19,7 @@ from models.research.harness import TASK
 
 FILES = {"dev": sorted((TASK / "dev").glob("*.csv")),
          "test": [TASK / "test" / name for name in ("cases-a.csv", "cases-b.csv", "noncases.csv", "noise.csv",
-                                                   "unreadable.csv")]}
+                                                   "unreadable.csv", "styles-a.csv", "styles-b.csv")]}
 
 
 def summary(package: Path, variant: str, files: list[Path]) -> dict:
@@ -48,6 +48,9 @@ def summary(package: Path, variant: str, files: list[Path]) -> dict:
         "unreadable_ok": scope.get("unreadable", {}).get("flagged_or_right"),
         "confidently_wrong": scope.get("non_cases", {}).get("confidently_wrong"),
         "absent_by_language": {k: round(v["leaning_accuracy"], 2) for k, v in absent.items()},
+        "cases_flagged_by_style": {k: v["cases_flagged"] for k, v in scope.get("by_style", {}).items()},
+        "worst_language": min(((k, v["leaning_accuracy"]) for k, v in by_lang.items() if v["n"] >= 15),
+                              key=lambda kv: kv[1], default=None),
     }
 
 

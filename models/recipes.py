@@ -121,6 +121,10 @@ class Recipe:
     # share of the validation split's non-cases, so texts leaning to "not a case" only a little are
     # answered as the case they name; 0 = the top class decides (margin 0)
     scope_flag_target: float = 0.0
+    # A margin chosen beforehand on the validation files (models/research/flag_rules.py prints the flags per
+    # style, out of scope, resolved and noise for each): used as is, the figures at it recorded. Exclusive
+    # with scope_flag_target. None = no fixed margin.
+    negative_margin: float | None = None
     extra: dict = field(default_factory=dict)
 
     def fingerprint(self, stage: str = "model") -> dict:
@@ -136,7 +140,7 @@ class Recipe:
         data["validation_data"] = [_sha256(p) for p in self.validation_paths()]
         # read or fitted after the cached stages (the head too: models/heads.py fits it on the cached student)
         for key in ("name", "version", "description", "golden_count", "variants", "calibrate", "calibration_texts",
-                    "novelty_flag_rate", "max_unknown_share", "head", "scope_flag_target"):
+                    "novelty_flag_rate", "max_unknown_share", "head", "scope_flag_target", "negative_margin"):
             data.pop(key)
         # unset (an empty student_arch is the transformer student): caches made before they existed stay valid
         for key in ("negative_labels", "negative_data", "validation_data", "student_arch", "tail_table",
@@ -253,6 +257,13 @@ def recipe_from_dict(data: dict) -> Recipe:
     target = values.get("scope_flag_target", 0.0)
     if not (isinstance(target, (int, float)) and not isinstance(target, bool) and 0 <= target < 1):
         raise ValueError("scope_flag_target must be a number in [0, 1): the share of validation non-cases to flag")
+    margin = values.get("negative_margin")
+    if margin is not None and not (isinstance(margin, (int, float)) and not isinstance(margin, bool)
+                                   and 0 <= margin <= 20):
+        raise ValueError("negative_margin must be a number in [0, 20] (log-odds) or null")
+    if margin is not None and target:
+        raise ValueError("set negative_margin or scope_flag_target, not both: one fixes the margin, the other "
+                         "chooses it")
     share = values.get("max_unknown_share", 0.5)
     if not (isinstance(share, (int, float)) and 0 < share <= 1):
         raise ValueError("max_unknown_share must be a number in (0, 1]")

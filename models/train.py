@@ -106,7 +106,8 @@ def trained_source(recipe: Recipe, prepared: Prepared, model, steps: dict) -> So
         golden_count=recipe.golden_count, calibrate=recipe.calibrate,
         provenance=trained_provenance(recipe, prepared, steps), negative_labels=recipe.negative_labels,
         novelty_fit=list(splits.train), novelty_flag_rate=recipe.novelty_flag_rate,
-        max_unknown_share=recipe.max_unknown_share, scope_flag_target=recipe.scope_flag_target)
+        max_unknown_share=recipe.max_unknown_share, scope_flag_target=recipe.scope_flag_target,
+        negative_margin=recipe.negative_margin)
 
 
 def train_package(recipe: Recipe, out_dir: Path, reuse: bool = True) -> Manifest:

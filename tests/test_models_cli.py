@@ -177,6 +177,31 @@ def test_settings_that_are_not_recipe_keys_are_refused(tmp_path):
     assert result.returncode == 2 and "epochz" in _one_line(result)
 
 
+@pytest.mark.parametrize(("settings", "word"), [
+    ({"negative_margin": 0.5, "scope_flag_target": 0.9}, "not both"),
+    ({"negative_margin": -1}, "negative_margin"),
+    ({"negative_margin": "0.5"}, "negative_margin"),
+])
+def test_a_fixed_margin_is_checked_before_training(tmp_path, settings, word):
+    data = write_csv(tmp_path / "ok.csv", tiny_rows())
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(settings))
+    result = run_without_torch("train", "--data", str(data), "--settings", str(path), "--out", str(tmp_path / "p"))
+    assert result.returncode == 2 and word in _one_line(result)
+    assert not (tmp_path / "p").exists()
+
+
+def test_the_default_recipes_margin_is_fixed_and_kept_apart_from_the_cache_key():
+    from dataclasses import replace
+
+    from models.recipes import load_recipe
+
+    recipe = load_recipe("machine-alarms")
+    assert recipe.negative_margin is not None and not recipe.scope_flag_target
+    # a publish setting: changing it re-publishes from the cached student, it never retrains
+    assert replace(recipe, negative_margin=2.0).checkpoint_key("student") == recipe.checkpoint_key("student")
+
+
 def test_training_without_the_factory_installed_says_what_to_install(tmp_path):
     data = write_csv(tmp_path / "ok.csv", tiny_rows())
     result = run_without_torch("train", "--data", str(data), "--out", str(tmp_path / "pkg"),

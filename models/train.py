@@ -77,6 +77,18 @@ def spread(items: list, count: int) -> list:
     return [items[i * len(items) // count] for i in range(count)]
 
 
+def novelty_rate(recipe: Recipe) -> float:
+    """The share of validation cases the novelty threshold may flag: the recipe's own when validation
+    files written apart from the training data join the split, else `novelty_split_rate` (rows split
+    from the training file read closer to the training rows than the texts the model will meet)."""
+    if recipe.validation_data or not recipe.novelty_flag_rate:
+        return recipe.novelty_flag_rate
+    rate = min(recipe.novelty_flag_rate, recipe.novelty_split_rate)
+    log(f"novelty score: no validation files of its own, so flag {100 * rate:.1f} % of the validation split's "
+        f"cases (novelty_split_rate), not {100 * recipe.novelty_flag_rate:.1f} %")
+    return rate
+
+
 def trained_source(recipe: Recipe, prepared: Prepared, model, steps: dict) -> Source:
     """What publish needs to package a trained PyTorch classifier."""
     from models.export import export_fp32_graph
@@ -105,7 +117,7 @@ def trained_source(recipe: Recipe, prepared: Prepared, model, steps: dict) -> So
         calibration_source="training split", golden_candidates=list(splits.test), variants=recipe.variants,
         golden_count=recipe.golden_count, calibrate=recipe.calibrate,
         provenance=trained_provenance(recipe, prepared, steps), negative_labels=recipe.negative_labels,
-        novelty_fit=list(splits.train), novelty_flag_rate=recipe.novelty_flag_rate,
+        novelty_fit=list(splits.train), novelty_flag_rate=novelty_rate(recipe),
         max_unknown_share=recipe.max_unknown_share, scope_flag_target=recipe.scope_flag_target,
         negative_margin=recipe.negative_margin)
 

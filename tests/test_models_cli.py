@@ -202,6 +202,20 @@ def test_the_default_recipes_margin_is_fixed_and_kept_apart_from_the_cache_key()
     assert replace(recipe, negative_margin=2.0).checkpoint_key("student") == recipe.checkpoint_key("student")
 
 
+def test_a_users_novelty_threshold_is_looser_without_validation_files_of_its_own():
+    from dataclasses import replace
+
+    from models.recipes import load_recipe
+    from models.train import novelty_rate
+
+    default = load_recipe("default")  # what `train --data FILE` starts from
+    assert not default.validation_data and default.novelty_flag_rate > default.novelty_split_rate > 0
+    assert novelty_rate(default) == default.novelty_split_rate
+    with_files = replace(default, validation_data=("dev.csv",))
+    assert novelty_rate(with_files) == default.novelty_flag_rate
+    assert novelty_rate(replace(default, novelty_flag_rate=0.0)) == 0.0  # no novelty score asked for: none
+
+
 def test_training_without_the_factory_installed_says_what_to_install(tmp_path):
     data = write_csv(tmp_path / "ok.csv", tiny_rows())
     result = run_without_torch("train", "--data", str(data), "--out", str(tmp_path / "pkg"),

@@ -84,8 +84,9 @@ def novelty_rate(recipe: Recipe) -> float:
     if recipe.validation_data or not recipe.novelty_flag_rate:
         return recipe.novelty_flag_rate
     rate = min(recipe.novelty_flag_rate, recipe.novelty_split_rate)
-    log(f"novelty score: no validation files of its own, so flag {100 * rate:.1f} % of the validation split's "
-        f"cases (novelty_split_rate), not {100 * recipe.novelty_flag_rate:.1f} %")
+    log("novelty score: no validation files written apart from the training rows (validation_data), so "
+        + (f"flag {100 * rate:.1f} % of the validation split's cases (novelty_split_rate)" if rate
+           else "none (novelty_split_rate 0): rows split from the training file cannot place its threshold"))
     return rate
 
 

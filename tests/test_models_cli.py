@@ -202,15 +202,16 @@ def test_the_default_recipes_margin_is_fixed_and_kept_apart_from_the_cache_key()
     assert replace(recipe, negative_margin=2.0).checkpoint_key("student") == recipe.checkpoint_key("student")
 
 
-def test_a_users_novelty_threshold_is_looser_without_validation_files_of_its_own():
+def test_a_users_model_has_no_novelty_score_without_validation_files_of_its_own():
     from dataclasses import replace
 
     from models.recipes import load_recipe
     from models.train import novelty_rate
 
     default = load_recipe("default")  # what `train --data FILE` starts from
-    assert not default.validation_data and default.novelty_flag_rate > default.novelty_split_rate > 0
-    assert novelty_rate(default) == default.novelty_split_rate
+    assert not default.validation_data and default.novelty_flag_rate > 0 and default.novelty_split_rate == 0
+    assert novelty_rate(default) == 0.0  # rows split from the user's own file cannot place its threshold
+    assert novelty_rate(replace(default, novelty_split_rate=0.01)) == 0.01
     with_files = replace(default, validation_data=("dev.csv",))
     assert novelty_rate(with_files) == default.novelty_flag_rate
     assert novelty_rate(replace(default, novelty_flag_rate=0.0)) == 0.0  # no novelty score asked for: none
@@ -586,7 +587,7 @@ NEGATIVES = {"en": ["canteen closes at three today", "reset my password please",
                     "Besprechung auf Freitag verschoben", "Schichtübergabe erledigt", "neue Plakate in Halle 2",
                     "Parkplatz morgen gesperrt"]}
 UNREADABLE = "ދުވަހު ހަވީރު ސިސްޓަމް ހުއްޓުނު"  # Thaana: no piece of e5's vocabulary reads it
-SCOPED_SETTINGS = {**TINY_SETTINGS, "novelty_flag_rate": 0.05, "scope_flag_target": 0.9}
+SCOPED_SETTINGS = {**TINY_SETTINGS, "novelty_flag_rate": 0.05, "novelty_split_rate": 0.05, "scope_flag_target": 0.9}
 
 
 def scoped_rows() -> list[list[str]]:

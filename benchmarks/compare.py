@@ -49,14 +49,14 @@ from benchmarks.contenders import (
     quiet_env,
     worker_command,
 )
-from runtime.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
-from runtime.package import Package, load_package, read_golden, sha256_file
-from runtime.service import percentile
+from runtime.package.load import Package, load_package, read_golden, sha256_file
+from runtime.platform.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
+from runtime.serve.service import percentile
 
 REPO = Path(__file__).resolve().parent.parent
 SHORT_TOKENS = 16
 MEDIUM_TARGETS = (64, 80, 96, 112, 128)  # token targets the medium texts cycle through
-DEFAULT_MODEL = REPO / DEFAULT_MODEL_DIR  # the embedded default (runtime/appdir.py)
+DEFAULT_MODEL = REPO / DEFAULT_MODEL_DIR  # the embedded default (runtime/platform/appdir.py)
 RESULTS = REPO / "benchmarks" / "results"
 CACHE = Path(os.environ.get("DECIDE_COMPARE_CACHE", Path.home() / ".cache" / "decide" / "compare"))
 TORCH_NAME = "PyTorch eager"
@@ -496,7 +496,7 @@ def main() -> int:
         args.rounds, args.seconds, args.cold_runs, args.leak_requests = 2, 0.2, 1, 5000
     args.model = args.model.resolve()
     started = time.perf_counter()
-    from runtime import __version__
+    from runtime.version import __version__
 
     if not (args.model / "manifest.json").is_file():
         raise SystemExit(f"no model package at {args.model}: build it with `python -m models train --recipe {args.model.name}`")

@@ -108,11 +108,11 @@ def markdown(report: dict[str, Any]) -> str:
          "at each thread count (`Nt`); **bare ORT** = a plain onnxruntime script on the package's ONNX file "
          "(benchmarks/protocol_overhead.py's BareLoop; batches padded to the longest text, as fastembed does); "
          "**fixed-128 ORT** = the same session with every input padded to 128 tokens (julia-1 article §3.1); "
-         "**decide in-process** = runtime.engine as `decide` builds it; **decide stdin** = `python -m runtime` "
+         "**decide in-process** = runtime.engine.engine as `decide` builds it; **decide stdin** = `python -m runtime` "
          "over pipes (batch n = n request lines written at once; latency measured by the client); "
          "**decide frozen** = the PyInstaller binary from the bundle zip, same way. ORT rows run every variant "
          "of the package (int8-u8s8 and int8-u8u8: onnxruntime dynamic quantization with fixed calibrated "
-         "activation scales, models/quantize.py)."),
+         "activation scales, models/quantize/int8.py)."),
         "",
         "## Headline",
         "",

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.package import load_package  # stdlib only
+from runtime.package.load import load_package  # stdlib only
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -104,7 +104,7 @@ def bare_system(model: Path, variant: str, threads: int, fixed_length: int | Non
     import numpy as np
 
     from benchmarks.protocol_overhead import BareLoop
-    from runtime.engine import softmax_rows  # decide's post-processing: not what is compared
+    from runtime.engine.engine import softmax_rows  # decide's post-processing: not what is compared
 
     bare = BareLoop(model, variant, threads)
     tokenizer = bare.tokenizer

@@ -21,7 +21,7 @@ from bundle_spec.common import DEFAULT_CACHE, REPO
 from bundle_spec.pipeline import zip_stem
 from bundle_spec.qemu_user import SIGILL_EXIT, run_emulated
 from bundle_spec.source_tree import git_commit, inputs_digest
-from runtime.package import sha256_file
+from runtime.package.load import sha256_file
 
 # CPU models of the matrix, oldest first. Values are QEMU_CPU strings.
 X86_CPU_MODELS: dict[str, str] = {

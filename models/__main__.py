@@ -33,11 +33,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from models.data.userdata import DataError
 from models.keys import SigningError
-from models.publish import PublishError
-from models.staging import OutDirError, check_out_dir, user_os_error
-from models.userdata import DataError
-from runtime.package import PackageError
+from models.publish.publish import PublishError
+from models.publish.staging import OutDirError, check_out_dir, user_os_error
+from runtime.package.load import PackageError
 
 PACKAGES_DIR = Path(__file__).resolve().parent / "packages"
 SCATTERTEXT_PIN = "0.2.2"
@@ -92,7 +92,7 @@ def _check_cache() -> None:
 def _check_negative_name(args: argparse.Namespace, recipe) -> None:
     """--negatives without --negative-label labels its rows `other`: refuse if the data already has
     a case label of that name (the user's `other` would silently become "not a case")."""
-    from models.userdata import read_labelled_file
+    from models.data.userdata import read_labelled_file
 
     if not args.negatives or args.negative_label or recipe.data_path() is None:
         return
@@ -106,7 +106,7 @@ def _check_negative_name(args: argparse.Namespace, recipe) -> None:
 def _recipe(args: argparse.Namespace):
     from dataclasses import replace
 
-    from models.recipes import load_recipe, user_recipe
+    from models.data.recipes import load_recipe, user_recipe
 
     settings = None
     if args.settings:
@@ -130,7 +130,7 @@ def _recipe(args: argparse.Namespace):
 def _train(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from models.recipe_data import load_examples
+    from models.data.recipe_data import load_examples
 
     if (args.data is None) == (args.recipe is None):
         raise UsageError("train needs --data FILE (your labelled file) or --recipe NAME (models/recipes/NAME.json)")
@@ -158,8 +158,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from models.hf_folder import read_hf_folder
-    from models.userdata import read_labelled_file
+    from models.data.hf_folder import read_hf_folder
+    from models.data.userdata import read_labelled_file
 
     name = _package_name(args.name, args.out)
     folder = read_hf_folder(args.hf_dir)  # config, weights and tokenizer checked without torch
@@ -174,7 +174,7 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from models.evaluate import evaluate_package, format_evaluation
+    from models.evaluate.evaluate import evaluate_package, format_evaluation
 
     report = evaluate_package(args.model, args.data, args.variant, args.text_column, args.label_column,
                               latency_runs=args.latency_runs)
@@ -192,7 +192,7 @@ def _fetch_data(_args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from models.report import manifest_report
+    from models.evaluate.report import manifest_report
 
     print(manifest_report(args.package), end="")
     return 0
@@ -219,7 +219,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from models.recipes import recipe_names
+    from models.data.recipes import recipe_names
 
     parser = argparse.ArgumentParser(prog="python -m models", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,4 +1,4 @@
-"""Making a package ready to serve, at start and for a live reload (runtime/swap.py).
+"""Making a package ready to serve, at start and for a live reload (runtime/serve/swap.py).
 
 At start `runtime.cli.prepare` has already chosen tier, variant, threads and workers; `initial`
 builds the warm engine. A reload (`build`) makes the same choices again for the new package with
@@ -15,10 +15,10 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runtime.package import PackageError, beyond_variant, load_package, verify_files
-from runtime.signing import TrustedKeys, check_signature
-from runtime.swap import Loaded
-from runtime.tiers import select
+from runtime.package.load import PackageError, beyond_variant, load_package, verify_files
+from runtime.package.signing import TrustedKeys, check_signature
+from runtime.platform.tiers import select
+from runtime.serve.swap import Loaded
 
 if TYPE_CHECKING:
     from runtime.cli import Setup
@@ -36,8 +36,8 @@ def initial(setup: Setup, args: argparse.Namespace) -> Loaded:
 def build(setup: Setup, args: argparse.Namespace, trusted: TrustedKeys, path: Path) -> Loaded:
     """Load, check, choose, warm and self-test the package at `path`; PackageError (or the tier
     picker's errors) say why it cannot serve."""
-    from runtime.classifier import sizes
     from runtime.cli import load_engine, overrides
+    from runtime.engine.classifier import sizes
     from runtime.selftest import run_golden
 
     package = load_package(path)

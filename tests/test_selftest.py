@@ -2,8 +2,8 @@
 
 import pytest
 
-from runtime.engine import Engine
-from runtime.package import load_package, read_golden
+from runtime.engine.engine import Engine
+from runtime.package.load import load_package, read_golden
 from runtime.selftest import run_golden
 
 
@@ -56,7 +56,7 @@ def _corrupted_copy(real_model_dir, tmp_path, variant, pick, change):
     import onnx
     from onnx import numpy_helper
 
-    from runtime.package import file_entry, write_manifest
+    from runtime.package.load import file_entry, write_manifest
 
     copy = tmp_path / "package"
     shutil.copytree(real_model_dir, copy)

@@ -78,7 +78,7 @@ def bare_engine(model: Path, variant: str | None, texts: list[str], count: int,
     from concurrent.futures import ThreadPoolExecutor
 
     from runtime.engine.classifier import Classifier
-    from runtime.score.job import WINDOW_RECORDS
+    from runtime.score.windows import WINDOW_RECORDS
     from runtime.score.pool import plan, scoring_cores
 
     run_plan = plan(scoring_cores())

@@ -14,15 +14,36 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from runtime.engine import classifier
 from runtime.engine.classifier import Setup
+from runtime.engine.startup import (
+    ENV_MODEL,
+    ENV_TIER,
+    ENV_VARIANT,
+    UsageError,
+    load_engine,
+    model_dir,
+    overrides,
+    prepare,
+)
+from runtime.exits import (
+    EXIT_CPU_UNSUPPORTED,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_OUTPUT_FAILED,
+    EXIT_PACKAGE,
+    EXIT_SELFTEST_FAILED,
+    EXIT_USAGE,
+)
 from runtime.logs import configure_logging
 from runtime.package import signing
 from runtime.package.load import PackageError, load_package
-from runtime.platform.appdir import DEFAULT_MODEL, default_model_dir, find_data_dir
+from runtime.platform.appdir import DEFAULT_MODEL, find_data_dir
 from runtime.platform.cpu import probe
 from runtime.platform.stack import LegacyStackMissing, stack_for
 from runtime.platform.tiers import (
@@ -38,26 +59,11 @@ from runtime.protocol import DEFAULT_MAX_BATCH, DEFAULT_MAX_LINE_BYTES, DEFAULT_
 from runtime.serve.framing import OutputFailed
 from runtime.version import __version__
 
-EXIT_OK = 0
-EXIT_INTERNAL = 1  # a bug: one stderr line (DECIDE_DEBUG=1 adds the traceback)
-EXIT_USAGE = 2  # bad arguments, or an override this CPU/package cannot honour
-EXIT_CPU_UNSUPPORTED = 3
-EXIT_PACKAGE = 4  # model package (or platforms/*.json) missing, malformed, checksum mismatch, unsigned
-# or wrongly signed while trusted keys are configured, no usable variant
-EXIT_SELFTEST_FAILED = 5
-EXIT_OUTPUT_FAILED = 6  # stdout cannot take the answers (full disk, closed, bad fd); not EPIPE
-EXIT_INTERRUPTED = 130  # a stop signal (Ctrl-C, SIGTERM, SIGQUIT) before serving started
-
 COMMANDS = ("serve", "info", "selftest", "bench", "score")
 SWAP_COMMANDS = ("reload", "rollback")  # clients of a running socket service (runtime/serve/swapclient.py)
-ENV_MODEL, ENV_TIER, ENV_VARIANT = "DECIDE_MODEL", "DECIDE_TIER", "DECIDE_VARIANT"
 ENV_DEBUG = "DECIDE_DEBUG"
 
 log = logging.getLogger("decide")
-
-
-class UsageError(Exception):
-    """Arguments that parse but make no sense."""
 
 
 def build_parser(command: str) -> argparse.ArgumentParser:
@@ -130,33 +136,10 @@ def split_command(argv: list[str]) -> tuple[str, list[str]]:
     return "serve", argv
 
 
-def model_dir(args: argparse.Namespace) -> Path:
-    """--model, else $DECIDE_MODEL, else the default package next to the app."""
-    if args.model is not None:
-        return args.model
-    if os.environ.get(ENV_MODEL):
-        return Path(os.environ[ENV_MODEL])
-    return default_model_dir()
-
-
-def overrides(args: argparse.Namespace) -> tuple[str | None, str | None]:
-    """(tier, variant) forced by flags or, failing that, by DECIDE_TIER/DECIDE_VARIANT."""
-    return (args.tier or os.environ.get(ENV_TIER) or None, args.variant or os.environ.get(ENV_VARIANT) or None)
-
-
-def prepare(args: argparse.Namespace) -> Setup:
-    """CPU → tier → package → variant (runtime.engine.classifier.prepare) from the command line."""
-    for flag in ("threads", "workers"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise UsageError(f"--{flag} must be at least 1")
-    return classifier.prepare(model_dir(args), *overrides(args), threads=args.threads, workers=args.workers,
-                              trust_keys=getattr(args, "trust_key", ()))  # a caller-made Namespace may lack it
-
-
-def load_engine(setup: Setup, args: argparse.Namespace, variant: str | None = None,
-                max_batch: int = DEFAULT_MAX_BATCH):
-    """Import the numeric stack (only now) and build the warmed engine."""
-    return classifier.load_engine(setup, variant, max_batch, spin=args.spin)
+def warm(args: argparse.Namespace) -> Callable[[Setup], Any]:
+    """The command's way to make a Setup's warm engine, for the swap's candidates (runtime/candidate.py).
+    It looks `load_engine` up when called, so a caller that replaced it (a test's slow loader) is used."""
+    return lambda setup: load_engine(setup, args, max_batch=args.max_batch)
 
 
 def watcher_for(args: argparse.Namespace):
@@ -192,8 +175,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     limits = Limits(max_line_bytes=args.max_line_bytes, max_texts=args.max_texts)
     service = Service(None, limits, info={"tier": setup.choice.tier.name, "arch": setup.features.arch},
                       min_score=args.min_score)
-    swapper = Swapper(service, lambda path: candidate.build(setup, args, setup.trusted, path),
-                      candidate.initial(setup, args))
+    swapper = Swapper(service, lambda path: candidate.build(setup, args, warm(args), setup.trusted, path),
+                      candidate.initial(setup, warm(args)))
     service.hooks = TransportHooks(info=lambda: {"swap": swapper.to_json()},
                                    stats=lambda: {"swap": swapper.stats_json()})
     engine = swapper.current.engine
@@ -221,9 +204,10 @@ def serve_socket(args: argparse.Namespace, wire: int) -> int:
     service = Service(None, limits, info={"tier": setup.choice.tier.name, "arch": setup.features.arch},
                       min_score=args.min_score)
     try:
-        return server.run(config, service, lambda: candidate.initial(setup, args),
+        return server.run(config, service, lambda: candidate.initial(setup, warm(args)),
                           ready_wire=wire if args.ready else None,
-                          rebuild=lambda path: candidate.build(setup, args, setup.trusted, path), watcher=watcher)
+                          rebuild=lambda path: candidate.build(setup, args, warm(args), setup.trusted, path),
+                          watcher=watcher)
     except server.ListenError as exc:
         raise UsageError(str(exc)) from exc
 

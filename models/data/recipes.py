@@ -20,8 +20,8 @@ from pathlib import Path
 
 from models.data.student_arch import HEADS, parse_student_arch
 
-RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+RECIPE_DIR = Path(__file__).resolve().parents[1] / "recipes"  # models/recipes/
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILTIN_DATASETS = ("chatterbot-topics", "rotten-tomatoes")
 TRANSFER_TEXTS = ("", "chatterbot-corpus", "vocabulary")
 

@@ -20,7 +20,7 @@ def app_dir() -> Path:
     """
     if getattr(sys, "frozen", False):
         return Path(sys.executable).resolve().parent
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]  # runtime/platform/appdir.py → the repository
 
 
 def search_dirs() -> list[Path]:

@@ -158,7 +158,7 @@ def checked_record(number: int, record_id: Any, text: Any, text_column: str, kee
                    id_column: str | None = None, lone_surrogate: bool = False) -> Record:
     """The record, or an error record when its id is empty (`id_column`: the input has ids) or its
     text is not something the protocol classifies. `keep`: characters of the text to keep (see
-    score_long.clip); `lone_surrogate`: the text had one beyond what was kept."""
+    long.clip); `lone_surrogate`: the text had one beyond what was kept."""
     if id_column is not None and (record_id is None or record_id == ""):
         return _error(number, record_id, MISSING_ID, f"{id_column!r} is {'empty' if record_id == '' else 'null'}")
     if text is None:
@@ -173,7 +173,7 @@ def checked_record(number: int, record_id: Any, text: Any, text_column: str, kee
 
 def arrow_texts(column: Any, keep: int) -> list[Any]:
     """A pyarrow text column as Python values, strings cut to keep + 1 characters in arrow (a 50 MB
-    value never becomes a Python string); a value blank that far is taken whole (score_long.clip
+    value never becomes a Python string); a value blank that far is taken whole (long.clip
     then decides, as for the other formats)."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -464,7 +464,7 @@ class Source:
 
     def records(self, start_number: int = 0, start_offset: int = 0, *, keep: int) -> Iterator[tuple[Record, int]]:
         """(record, offset after it) from record start_number + 1 on, which starts at start_offset;
-        `keep`: characters of each text kept (more than the model reads: score_long.clip)."""
+        `keep`: characters of each text kept (more than the model reads: long.clip)."""
         if self.format == "parquet":
             records = self._parquet(start_number, keep)
         else:

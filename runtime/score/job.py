@@ -19,27 +19,24 @@ from __future__ import annotations
 
 import argparse
 import logging
-import queue
-import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime import cli
-from runtime.engine.classifier import Answer, Classifier, check_min_score
+from runtime import exits
+from runtime.engine import startup
+from runtime.engine.classifier import Classifier, check_min_score
 from runtime.score.inputs import (
     InputError,
-    Record,
     Source,
     fingerprint,
     input_format,
     open_source,
     require_pyarrow,
 )
-from runtime.score.outputs import JOB_FORMAT, Layout, Part, WorkDir, answer_row, error_row
+from runtime.score.outputs import JOB_FORMAT, Layout, Part, WorkDir
 from runtime.score.pool import (
     PROCESS_CORES,
     LocalPool,
@@ -49,15 +46,13 @@ from runtime.score.pool import (
     scoring_cores,
 )
 from runtime.score.progress import Progress, duration
+from runtime.score.windows import Window, WindowReader, window_rows
 
 log = logging.getLogger("decide")
 
-WINDOW_RECORDS = 1024  # records per classify call: enough for full length-bucketed batches
-WINDOW_CHARS = 4 << 20  # …or this much text (bounds memory when records are long)
 IN_FLIGHT_PER_WORKER = 2  # windows submitted ahead per worker, so none waits for the reader
 PART_RECORDS = 50_000  # a part is written after this many records…
 PART_SECONDS = 60.0  # …or this long: what a killed run can lose and redo
-READ_AHEAD = 4  # windows the reader thread keeps ready
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,55 +86,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @dataclass
-class Window:
-    """Records read together and classified in one call; `offset`: the input position after them."""
-
-    records: list[Record]
-    offset: int
-
-
-class WindowReader:
-    """A thread reading records into windows ahead of the classifier (parsing overlaps the model)."""
-
-    def __init__(self, records: Iterator[tuple[Record, int]], window_records: int = WINDOW_RECORDS):
-        self._records = records
-        self._window_records = window_records
-        self._queue: queue.Queue = queue.Queue(maxsize=READ_AHEAD)
-        self._done = False
-        threading.Thread(target=self._run, name="score-reader", daemon=True).start()
-
-    def _run(self) -> None:
-        try:
-            window: list[Record] = []
-            chars, offset = 0, 0
-            for record, offset in self._records:
-                window.append(record)
-                chars += len(record.text or "")
-                if len(window) >= self._window_records or chars >= WINDOW_CHARS:
-                    self._queue.put(Window(window, offset))
-                    window, chars = [], 0
-            if window:
-                self._queue.put(Window(window, offset))
-            self._queue.put(None)
-        except OSError as exc:  # e.g. EIO, or the file went away: the parts so far are kept
-            self._queue.put(InputError(f"cannot read INPUT: {exc.strerror or exc}; fix that and run again "
-                                       "with --resume"))
-        except BaseException as exc:  # noqa: BLE001 — handed to the main thread, which reports it
-            self._queue.put(exc)
-
-    def next(self) -> Window | None:
-        """The next window, None at the end; re-raises what stopped the reader."""
-        if self._done:
-            return None
-        item = self._queue.get()
-        if isinstance(item, BaseException):
-            self._done = True
-            raise item
-        self._done = item is None
-        return item
-
-
-@dataclass
 class Tally:
     """What a run did, for the summary line."""
 
@@ -155,19 +101,6 @@ class Tally:
                 self.errors[row[7].partition(":")[0]] += 1
             elif row[4]:
                 self.abstained[row[5]] += 1
-
-
-def window_rows(window: Window, answers: list[Answer | str]) -> list[tuple]:
-    """Rows for a window in input order: error records keep their error, the rest take answers in turn."""
-    results = iter(answers)
-    rows = []
-    for record in window.records:
-        if record.error is not None:
-            rows.append(error_row(record.id, record.error))
-            continue
-        result = next(results)
-        rows.append(error_row(record.id, result) if isinstance(result, str) else answer_row(record.id, result))
-    return rows
 
 
 def score_stream(reader: WindowReader, pool: LocalPool | ProcessPool, work: WorkDir, layout: Layout,
@@ -261,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
         return _run(args)
     except InputError as exc:
         log.error("%s", exc)
-        return cli.EXIT_USAGE
+        return exits.EXIT_USAGE
     except WorkerFailed as exc:
         log.error("%s", exc.message)
         return exc.code
@@ -271,10 +204,10 @@ def _run(args: argparse.Namespace) -> int:
     try:
         check_min_score(args.min_score)
     except ValueError as exc:
-        raise cli.UsageError(f"--min-score: {exc}") from None
+        raise startup.UsageError(f"--min-score: {exc}") from None
     for name in ("processes", "threads", "workers", "part_records"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise cli.UsageError(f"--{name.replace('_', '-')} must be at least 1")
+            raise startup.UsageError(f"--{name.replace('_', '-')} must be at least 1")
     if args.ray is not None:
         from runtime.score import ray_data
 
@@ -284,7 +217,7 @@ def _run(args: argparse.Namespace) -> int:
     old_job = work.read_job() if args.resume and work.exists() else None
     same_input = old_job is not None and old_job.get("input") == fingerprint(args.input)
     source = open_source(args.input, args.text_column, args.id_column, check_encoding=not same_input)
-    setup = cli.prepare(argparse.Namespace(**{**vars(args), "threads": None, "workers": None}))
+    setup = startup.prepare(argparse.Namespace(**{**vars(args), "threads": None, "workers": None}))
     job = _job(args, source, out_format, setup)
     if old_job is not None:
         _compare_jobs(old_job, job, work)
@@ -295,7 +228,7 @@ def _run(args: argparse.Namespace) -> int:
     except OSError as exc:  # reading errors arrive as InputError: this is the output side
         where = f" {exc.filename}" if exc.filename else ""
         log.error("cannot write%s: %s; fix that and run again with --resume", where, exc.strerror or exc)
-        return cli.EXIT_OUTPUT_FAILED
+        return exits.EXIT_OUTPUT_FAILED
     finally:
         pool.close()
 
@@ -336,4 +269,4 @@ def _score(args: argparse.Namespace, source: Source, work: WorkDir, job: dict[st
              duration(elapsed), f"{tally.records / max(elapsed, 1e-9):,.0f}", args.output,
              f"{sum(tally.abstained.values()):,}", f"{sum(tally.errors.values()):,}",
              f" ({errors})" if errors else "", f"; {total:,} rows with the resumed parts" if resume else "")
-    return cli.EXIT_OK
+    return exits.EXIT_OK

@@ -120,7 +120,7 @@ def _die_with_parent(parent: int) -> None:
 
 def failure(exc: Exception) -> tuple[int, str]:
     """The CLI's exit code and one-line message for an exception from Classifier.load."""
-    from runtime.cli import EXIT_CPU_UNSUPPORTED, EXIT_INTERNAL, EXIT_PACKAGE, EXIT_USAGE
+    from runtime.exits import EXIT_CPU_UNSUPPORTED, EXIT_INTERNAL, EXIT_PACKAGE, EXIT_USAGE
     from runtime.package.load import PackageError
     from runtime.platform.tiers import CpuUnsupported, NoUsableVariant, OverrideError
 

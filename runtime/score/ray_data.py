@@ -10,7 +10,7 @@
 
 Each actor loads one Classifier (runtime/engine/classifier.py: the same tier/variant choice, abstention
 and answers as the protocol and `decide score`) and turns every batch into the rows `decide score`
-writes, with error rows for records it cannot classify (runtime/score/job.py's window_rows). `decide
+writes, with error rows for records it cannot classify (runtime/score/windows.py's window_rows). `decide
 score --ray` reads CSV/TSV with decide's own reader in Ray's read tasks (`_csv_datasource`), so a
 long field, broken quoting or a row of the wrong width gives the answer or error row it gives
 without Ray; pyarrow's CSV reader would fail the job on a 5 MB field or a short row. The package
@@ -149,9 +149,9 @@ class DecidePredictor:
 
     def __call__(self, batch: Any) -> Any:
         """Score one batch; records without a usable text become error rows."""
-        from runtime.score.job import Window, window_rows
         from runtime.score.outputs import Layout
         from runtime.score.pool import answers_or_errors
+        from runtime.score.windows import Window, window_rows
 
         table = as_table(batch)
         if self.text_column not in table.column_names:
@@ -265,7 +265,7 @@ def _start(ray: Any, address: str, cpus: int) -> None:
         ray.init(num_cpus=cpus, runtime_env={"env_vars": env_vars}, **options)
     else:
         # The runtime package travels with the job, so the workers answer with this decide's code.
-        ray.init(address=address, runtime_env={"py_modules": [str(Path(__file__).resolve().parent)],
+        ray.init(address=address, runtime_env={"py_modules": [str(Path(__file__).resolve().parents[1])],
                                                "env_vars": env_vars}, **options)
     ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty()
 
@@ -328,14 +328,15 @@ def run(args: argparse.Namespace) -> int:
     """`decide score --ray ADDRESS|local`: read, map_batches(DecidePredictor), write. OUTPUT is a
     directory of Ray Data's files; a local one is written beside it and moved into place only when
     complete (a URI is written in place: object stores have no rename)."""
-    from runtime import cli
+    from runtime import exits
+    from runtime.engine import startup
     from runtime.engine.text import max_text_chars
     from runtime.score.pool import scoring_cores
 
     ray = require_ray()
     require_pyarrow()
     fmt, id_column, out_format = _check(args)
-    setup = cli.prepare(argparse.Namespace(**{**vars(args), "threads": None, "workers": None}))
+    setup = startup.prepare(argparse.Namespace(**{**vars(args), "threads": None, "workers": None}))
     variant = setup.choice.variant
     package_files(setup.package.root, variant)  # a damaged package: exit 4 before Ray starts
     _start(ray, args.ray, scoring_cores())
@@ -371,4 +372,4 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(target, ignore_errors=True)
         ray.shutdown()
     log.info("scored %s on Ray in %.1f s → %s", args.input, time.monotonic() - started, args.output)
-    return cli.EXIT_OK
+    return exits.EXIT_OK

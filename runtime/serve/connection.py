@@ -18,13 +18,16 @@ import fcntl
 import struct
 import termios
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from runtime.protocol import ClassifyRequest, ControlRequest, LineTooLong
 from runtime.serve.framing import LineSplitter
 
 if TYPE_CHECKING:
-    from runtime.serve.server import SocketServer
+    from runtime.serve.config import ServerConfig
+    from runtime.serve.serverstats import ServerStats
+    from runtime.serve.service import Service
+    from runtime.serve.swapops import SocketSwaps
 
 READ_CHUNK = 1 << 16
 WRITE_BUFFER_HIGH = 1 << 20  # bytes buffered for a slow reader before the writer waits for it
@@ -43,10 +46,26 @@ def unread_by_peer(transport: asyncio.BaseTransport) -> int:
     return struct.unpack("i", raw)[0]
 
 
+class ConnectionHost(Protocol):
+    """What a connection uses of its socket server (server.py's SocketServer), named here so that
+    this module needs nothing above it."""
+
+    config: ServerConfig
+    service: Service
+    stats: ServerStats
+    swaps: SocketSwaps
+
+    def admission_must_wait(self) -> bool:
+        """True while a new request must wait for a place in the queue."""
+
+    async def enqueue(self, request: ClassifyRequest, future: asyncio.Future, connection: Connection) -> None:
+        """Queue a classify request; `future` gets its answer."""
+
+
 class Connection:
     """One client: a reader task triages lines, the connection task writes answers in order."""
 
-    def __init__(self, server: SocketServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    def __init__(self, server: ConnectionHost, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.server = server
         self.reader = reader
         self.writer = writer
@@ -142,7 +161,7 @@ class Connection:
                 held = held or self.server.admission_must_wait()
                 await self.server.enqueue(answer, future, self)  # waits while the queue is full
             elif isinstance(answer, ControlRequest):  # reload/rollback: the server checks who asks
-                self.server.swaps.op(answer, future, self)
+                self.server.swaps.op(answer, future, self.peer_uid)
             else:
                 future.set_result(answer)
         return held

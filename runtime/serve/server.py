@@ -58,13 +58,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime.protocol import (
     BUSY,
-    DEFAULT_MAX_BATCH,
     INTERNAL_ERROR,
     ClassifyRequest,
     ControlRequest,
@@ -73,6 +71,14 @@ from runtime.protocol import (
 )
 from runtime.serve import sdnotify, signals
 from runtime.serve.admission import Admission, Pending, RequestQueue
+from runtime.serve.config import (
+    DEFAULT_BATCH_DELAY_MS,
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_QUEUE_SIZE,
+    DEFAULT_QUEUE_TIMEOUT_S,
+    ServerConfig,
+)
 from runtime.serve.connection import Connection, close_writer
 from runtime.serve.framing import OutputFailed, write_all
 from runtime.serve.listen import (
@@ -94,11 +100,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("decide")
 
-DEFAULT_MAX_CONNECTIONS = 64
-DEFAULT_QUEUE_SIZE = 256  # classify requests waiting for the engine, all connections together
-DEFAULT_BATCH_DELAY_MS = 2.0
-DEFAULT_IDLE_TIMEOUT_S = 60.0
-DEFAULT_QUEUE_TIMEOUT_S = 10.0  # a request finding no place in the queue this long gets busy
 # A connection that sent a classify request this recently is expected to send again soon (a
 # closed-loop client comes back within one batch round trip, ~10 ms at 16 clients); the batch
 # delay waits for those only. Counting every open connection instead made each batch wait the
@@ -107,21 +108,6 @@ ACTIVE_SENDER_S = 0.05
 DRAIN_STALL_S = 30.0  # shutdown: unfinished connections are closed after this long without an answer
 SHUTDOWN_WRITE_STALL_S = 2.0  # shutdown: a client that reads nothing this long is dropped
 CLOSE_WAIT_S = 2.0  # shutdown: time for cancelled connections to finish closing
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """Everything the server needs besides the service."""
-
-    address: ListenAddress
-    limits: Limits = field(default_factory=Limits)
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    queue_size: int = DEFAULT_QUEUE_SIZE
-    batch_delay_ms: float = DEFAULT_BATCH_DELAY_MS
-    max_batch_texts: int = DEFAULT_MAX_BATCH
-    allow_remote: bool = False
-    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S  # 0 = never close idle connections
-    queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S
 
 
 class SocketServer:

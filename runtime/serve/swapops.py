@@ -15,15 +15,15 @@ import os
 import socket
 import struct
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runtime.protocol import BUSY, FORBIDDEN, SWAP_FAILED, ControlRequest
 from runtime.serve.swap import Outcome
 
 if TYPE_CHECKING:
     from runtime.package.watch import PackageWatcher
-    from runtime.serve.connection import Connection
-    from runtime.serve.server import SocketServer
+    from runtime.serve.service import Service
+    from runtime.serve.swap import Swapper
 
 log = logging.getLogger("decide")
 
@@ -45,18 +45,28 @@ def _resolve(future: asyncio.Future, response: dict[str, Any]) -> None:
         future.set_result(response)
 
 
+class SwapHost(Protocol):
+    """What the swap ops use of their socket server (server.py's SocketServer), named here so that
+    this module needs nothing above it."""
+
+    service: Service
+    swapper: Swapper | None
+    state: str
+
+
 class SocketSwaps:
     """Swap requests of one SocketServer."""
 
-    def __init__(self, server: SocketServer):
+    def __init__(self, server: SwapHost):
         self.server = server
 
-    def op(self, request: ControlRequest, future: asyncio.Future, connection: Connection) -> None:
-        """Answer a reload/rollback op; a reload's answer resolves `future` when it is done."""
+    def op(self, request: ControlRequest, future: asyncio.Future, sender_uid: int | None) -> None:
+        """Answer a reload/rollback op from a peer running as `sender_uid` (None: TCP, unknown);
+        a reload's answer resolves `future` when it is done."""
         server, service = self.server, self.server.service
-        if connection.peer_uid is None or connection.peer_uid != os.geteuid():
-            who = ("a TCP peer cannot prove its uid" if connection.peer_uid is None
-                   else f"the peer runs as uid {connection.peer_uid}, the service as uid {os.geteuid()}")
+        if sender_uid is None or sender_uid != os.geteuid():
+            who = ("a TCP peer cannot prove its uid" if sender_uid is None
+                   else f"the peer runs as uid {sender_uid}, the service as uid {os.geteuid()}")
             future.set_result(service.error(request.id, FORBIDDEN, f"{request.op} refused: {who}; use the Unix "
                                             "socket as the service's user, or send SIGHUP"))
             return

@@ -212,7 +212,7 @@ def speed(model: Path, thread_counts: list[int], rounds: int) -> None:
 def engine_logits(package, name: str, texts: list[str]) -> np.ndarray:
     """A variant's log-probabilities through the runtime's engine, without the package's temperature
     (logits up to a per-row constant: what a bare session computes)."""
-    from models.evaluate.evaluate import classify_probs, uncalibrated
+    from models.gate.measure import classify_probs, uncalibrated
     from runtime.engine.engine import Engine, SessionSettings
 
     engine = Engine(uncalibrated(package), name, SessionSettings(threads=1))

@@ -78,8 +78,8 @@ def bare_engine(model: Path, variant: str | None, texts: list[str], count: int,
     from concurrent.futures import ThreadPoolExecutor
 
     from runtime.engine.classifier import Classifier
-    from runtime.score.windows import WINDOW_RECORDS
     from runtime.score.pool import plan, scoring_cores
+    from runtime.score.windows import WINDOW_RECORDS
 
     run_plan = plan(scoring_cores())
     windows = [[texts[i % len(texts)] for i in range(start, min(start + WINDOW_RECORDS, count))]

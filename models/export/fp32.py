@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import tempfile
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +18,11 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from models.export.graph_data import SHARED_DATA_FILE, point_to_shared_data, write_shared_data
+from models.export.hybrid_export import export_hybrid, fuse_hybrid_ops
+from models.export.trace import trace_to_onnx
 from models.training.classifier import MeanFeatureHead, TextClassifier, additive_mask
 from models.training.word_table import graph_form
 
-OPSET = 17
 FP32_GRAPH = "model-fp32.onnx"
 
 
@@ -87,20 +87,6 @@ def export_fp32(model: TextClassifier, path: Path, pad_id: int) -> None:
     if drift > 1e-4:  # the spelled-out layers must compute what the trained model computes
         raise RuntimeError(f"export wrapper differs from the model by {drift:.2e}")
     trace_to_onnx(wrapper, ids, mask, path)
-
-
-def trace_to_onnx(module: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, path: Path) -> None:
-    """The legacy tracer's ONNX graph of `module(ids, mask) -> logits`, batch and sequence axes
-    dynamic (the callers check first that the traced module computes what the model does)."""
-    with warnings.catch_warnings():  # tracer notes on Python branches; the callers' drift checks count
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module, (ids, mask), str(path), dynamo=False, opset_version=OPSET,
-            input_names=["input_ids", "attention_mask"], output_names=["logits"],
-            dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
-                          "logits": {0: "batch"}},
-            do_constant_folding=True,
-        )
 
 
 def fuse_transformer_ops(plain_path: Path, fused_path: Path, num_heads: int, hidden: int, layers: int) -> dict:
@@ -177,9 +163,6 @@ def export_fp32_graph(model: torch.nn.Module, out_dir: Path, pad_id: int) -> Pat
             fuse_transformer_ops(traced, plain, config.num_attention_heads, config.hidden_size,
                                  config.num_hidden_layers)
         else:
-            # a HybridClassifier; its exporter imports this module, so it is imported here
-            from models.export.hybrid_export import export_hybrid, fuse_hybrid_ops
-
             export_hybrid(model, traced, pad_id)
             fuse_hybrid_ops(traced, plain, model)
         graph = onnx.load(str(plain))

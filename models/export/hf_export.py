@@ -19,12 +19,13 @@ import torch
 from onnx import numpy_helper
 
 from models.data.hf_folder import HfFolder
-from models.export.fp32 import FP32_GRAPH, OPSET
+from models.export.fp32 import FP32_GRAPH
 from models.export.graph_data import (
     SHARED_DATA_FILE,
     point_to_shared_data_tensor,
     write_shared_data,
 )
+from models.export.trace import OPSET
 from models.progress import log
 
 

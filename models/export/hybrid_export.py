@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from models.export.fp32 import trace_to_onnx
+from models.export.trace import trace_to_onnx
 from models.training.hybrid import HybridClassifier
 from models.training.word_table import graph_form
 

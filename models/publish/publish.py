@@ -27,7 +27,6 @@ from pathlib import Path
 import numpy as np
 
 from models.data.datasets import Example
-from models.evaluate.evaluate import classify_probs, engine_latency_ms
 from models.gate.calibration import expected_calibration_error, fit_temperature, softmax_t
 from models.gate.golden import (
     EXPECTED_TOLERANCE,
@@ -40,6 +39,7 @@ from models.gate.golden import (
     worst_dp,
     write_golden,
 )
+from models.gate.measure import classify_probs, engine_latency_ms
 from models.progress import log
 from models.publish.abstention import scope
 from models.publish.staging import USER_ERRNOS, staging_dir, swap_into

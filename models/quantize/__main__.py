@@ -1,6 +1,6 @@
 """`python -m models.quantize PACKAGE_DIR`: re-quantize a package's int8 variants (models/requantize.py).
 
-An entry point on top of the factory, like models/__main__.py, whose error handling it shares."""
+An entry point on top of the factory, like models/__main__.py, with the same exit codes (models/exits.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from models.__main__ import guarded
+from models.exits import guarded
 from models.quantize.int8 import DEFAULT_INT8, VARIANTS_BY_NAME
 from models.requantize import requantize_package
 

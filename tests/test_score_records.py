@@ -13,8 +13,8 @@ import random
 
 import pytest
 
-from runtime.score.inputs import csv_records, jsonl_records, read_csv_header
 from runtime.score.long import Prefix, clip, read_csv_record, read_json_record
+from runtime.score.records import csv_records, jsonl_records, read_csv_header
 
 CSV_TOKENS = ["a", "b", "é", "雨", "😀", ",", '"', '""', "\n", "\r\n", "\r", " ", "\t", "x y"]
 

@@ -28,14 +28,7 @@ from typing import Any
 from runtime import exits
 from runtime.engine import startup
 from runtime.engine.classifier import Classifier, check_min_score
-from runtime.score.inputs import (
-    InputError,
-    Source,
-    fingerprint,
-    input_format,
-    open_source,
-    require_pyarrow,
-)
+from runtime.score.inputs import Source, fingerprint, input_format, open_source, require_pyarrow
 from runtime.score.outputs import JOB_FORMAT, Layout, Part, WorkDir
 from runtime.score.pool import (
     PROCESS_CORES,
@@ -46,6 +39,7 @@ from runtime.score.pool import (
     scoring_cores,
 )
 from runtime.score.progress import Progress, duration
+from runtime.score.records import InputError
 from runtime.score.windows import Window, WindowReader, window_rows
 
 log = logging.getLogger("decide")

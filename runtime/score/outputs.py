@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from runtime.engine.classifier import Answer
-from runtime.score.inputs import InputError, require_pyarrow
+from runtime.score.inputs import require_pyarrow
+from runtime.score.records import InputError
 
 COLUMNS = ("label", "leaning", "score", "abstained", "reason", "truncated", "error")
 EXTENSIONS = {"jsonl": "jsonl", "csv": "csv", "tsv": "tsv", "parquet": "parquet"}

@@ -36,18 +36,16 @@ from typing import Any
 
 from runtime.package.load import MANIFEST_NAME, load_package
 from runtime.platform.offline import TELEMETRY_VARIABLE
-from runtime.score.inputs import (
-    FORMATS,
+from runtime.score.inputs import FORMATS, open_source, require_pyarrow
+from runtime.score.long import PIECE_BYTES
+from runtime.score.records import (
     InputError,
     Record,
     arrow_texts,
     checked_record,
     csv_records,
-    open_source,
     read_csv_header,
-    require_pyarrow,
 )
-from runtime.score.long import PIECE_BYTES
 
 log = logging.getLogger("decide")
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from runtime.engine.classifier import Answer
-from runtime.score.inputs import InputError, Record
 from runtime.score.outputs import answer_row, error_row
+from runtime.score.records import InputError, Record
 
 WINDOW_RECORDS = 1024  # records per classify call: enough for full length-bucketed batches
 WINDOW_CHARS = 4 << 20  # …or this much text (bounds memory when records are long)

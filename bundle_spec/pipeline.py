@@ -28,8 +28,6 @@ import shutil
 import sys
 from pathlib import Path
 
-from runtime.version import __version__ as VERSION
-
 from bundle_spec import qemu_user
 from bundle_spec.archive import installed_versions, print_report, size_report, write_zip
 from bundle_spec.assemble import assemble
@@ -67,6 +65,7 @@ from bundle_spec.source_tree import git_commit, inputs_digest
 from bundle_spec.wheels import ensure_venv, ensure_wheels, read_pins
 from runtime.package.load import sha256_file
 from runtime.platform.appdir import DEFAULT_MODEL
+from runtime.version import __version__ as VERSION
 
 STEPS = 10
 

@@ -283,7 +283,8 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             cpu = round((1 / r["cpu_ratio"] - 1) * 100, 1) if r["cpu_ratio"] else None
             add(f"{row['system']} per-request overhead over bare ORT, batch 1, short", "≤ 10%",
                 overhead, overhead <= 10,
-                f"p50 latency ratio − 1 (median of per-round ratios); CPU time per request {cpu:+}%")
+                f"p50 latency ratio − 1 (median of per-round ratios); CPU time per request "
+                f"{'not measured' if cpu is None else f'{cpu:+}%'}")
     for row in decide_rows:
         if row["name"] == "decide frozen" or row["precision"] != "int8":
             continue

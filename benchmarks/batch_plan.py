@@ -21,8 +21,9 @@ import time
 from functools import partial
 from pathlib import Path
 
+from runtime.engine.batching import DEFAULT_BUCKETS
 from runtime.engine.engine import Engine, EngineLimits, SessionSettings
-from runtime.engine.text import DEFAULT_BUCKETS, Encoded
+from runtime.engine.text import Encoded
 from runtime.package.load import load_package, read_golden
 from runtime.platform.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
 

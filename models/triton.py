@@ -21,7 +21,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from runtime.engine.text import bucket_lengths, max_text_chars
+from runtime.engine.batching import bucket_lengths
+from runtime.engine.text import max_text_chars
 from runtime.package.load import PackageError, load_package, verify_files
 
 # ONNX TensorProto element types → Triton DataType names (model_config.proto).

@@ -2,7 +2,8 @@
 
 from fixtures import tiny_package
 
-from runtime.engine.text import Encoded, TextEncoder, bucket_for, bucket_lengths, pad_batch
+from runtime.engine.batching import bucket_for, bucket_lengths, pad_batch
+from runtime.engine.text import Encoded, TextEncoder
 
 
 def test_buckets_end_at_max_length():

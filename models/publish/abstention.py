@@ -39,7 +39,8 @@ def _features(graph: Path, name: str, tokenizer: Path, max_length: int, pad_id: 
 
     ort = import_onnxruntime()
 
-    from runtime.engine.text import TextEncoder, pad_batch
+    from runtime.engine.batching import pad_batch
+    from runtime.engine.text import TextEncoder
 
     model = onnx.load(str(graph), load_external_data=False)
     model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))

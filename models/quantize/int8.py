@@ -437,7 +437,7 @@ def text_feeds(encoder: TextEncoder, texts: Sequence[str], batch_size: int = 32,
     the runtime's own `TextEncoder` for the package (the ids the model will be fed). A batch holds
     at most `batch_tokens` padded tokens: calibration fetches every quantized op's input, so a
     batch of 32 texts of 512 tokens would hold gigabytes of activations."""
-    from runtime.engine.text import pad_batch
+    from runtime.engine.batching import pad_batch
 
     items = sorted(encoder.tokenize(list(texts)), key=lambda item: len(item.ids))
     feeds, start = [], 0

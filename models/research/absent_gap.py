@@ -46,7 +46,8 @@ def student_features(package: Path, texts: list[str]) -> tuple[np.ndarray, int, 
     import onnx
     import onnxruntime as ort
 
-    from runtime.engine.text import TextEncoder, pad_batch
+    from runtime.engine.batching import pad_batch
+    from runtime.engine.text import TextEncoder
 
     manifest = json.loads((package / "manifest.json").read_text())
     graph = package / manifest["variants"]["fp32"]["file"]["file"]

@@ -15,13 +15,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from runtime.engine.batching import (
+    DEFAULT_BUCKETS,
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_BATCH_TOKENS,
     PlannedBatch,
+    bucket_lengths,
+    pad_batch,
     plan_batches,
     spread_batches,
 )
-from runtime.engine.text import DEFAULT_BUCKETS, Encoded, TextEncoder, bucket_lengths, pad_batch
+from runtime.engine.text import Encoded, TextEncoder
 from runtime.package.load import (
     Package,
     PackageError,

@@ -1,8 +1,5 @@
-"""Tokenize texts and pad them to length buckets.
-
-Padding every input to one fixed length wastes most of the compute on short texts (attention is
-quadratic in length); padding to a few bucket lengths keeps the shapes few (ORT's CPU arena grows
-to the largest shape and never shrinks) while short texts stay cheap.
+"""Tokenize texts: each text of a request is encoded here once, clipped to the model's character
+budget first; the ids go to the batching plan (batching.py), which pads them to length buckets.
 """
 
 from __future__ import annotations
@@ -14,16 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
 from tokenizers import Tokenizer
-
-# Fine steps at the short end: chat-like inputs are 3–15 tokens, and padding an 8-token text to
-# 16 doubles its cost in a batch (measured: 5.1 → 3.5 CPU ms/text at batch 32, MiniLM-L6 int8).
-# Steps of ≤ 25 % up to 48 tokens: the golden mix costs 9–18 % less CPU per text in bulk than with
-# (8, 12, 16, 24, 32, 48, …) (benchmarks/batch_plan.py); the batch planner merges neighbours that
-# hold too few texts.
-DEFAULT_BUCKETS = (4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 64, 80, 96, 128, 192, 256, 384)
-
 
 # Texts are cut to max_length × this many characters before the tokenizer sees them: `tokenizers`
 # encodes the whole text before truncating (one 1 MiB text costs ~56 MB and ~3 s), and nothing
@@ -43,19 +31,6 @@ def clip_text(text: str, max_chars: int) -> tuple[str, bool]:
     if len(text) <= max_chars:
         return text, False
     return text[:max_chars], True
-
-
-def bucket_lengths(max_length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> tuple[int, ...]:
-    """Sorted bucket lengths below max_length, plus max_length itself as the last bucket."""
-    return tuple(sorted({b for b in buckets if 0 < b < max_length} | {max_length}))
-
-
-def bucket_for(length: int, buckets: Sequence[int]) -> int:
-    """Smallest bucket that holds `length` tokens (buckets sorted, last = max length)."""
-    for bucket in buckets:
-        if length <= bucket:
-            return bucket
-    return buckets[-1]
 
 
 @dataclass(frozen=True)
@@ -153,12 +128,3 @@ class TextEncoder:
                 for e, (text, cut) in zip(encodings, clipped)]
 
 
-def pad_batch(items: Sequence[Encoded], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """input_ids and attention_mask (int64 [batch, length]) for items no longer than `length`."""
-    input_ids = np.full((len(items), length), pad_id, dtype=np.int64)
-    attention_mask = np.zeros((len(items), length), dtype=np.int64)
-    for row, item in enumerate(items):
-        n = len(item.ids)
-        input_ids[row, :n] = item.ids
-        attention_mask[row, :n] = 1
-    return input_ids, attention_mask

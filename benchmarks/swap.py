@@ -41,7 +41,8 @@ TEXTS = ["Pumpe 3: Vibration über Grenzwert", "the rain and the wind", "le serv
 def make_packages(source: Path, work: Path) -> dict[str, Path]:
     """Good A and B, damaged D and wrongly signed W, plus the keys; returns their directories."""
     from models import keys
-    from runtime.package.load import load_package, write_manifest
+    from runtime.package.load import load_package
+    from runtime.package.manifest import write_manifest
 
     keys.keygen(work / "trusted.key")
     keys.keygen(work / "stranger.key")

@@ -96,7 +96,8 @@ def test_selftest_passes_on_every_variant(tiny_package_dir):
 def test_selftest_failure_exits_5(tiny_package_dir, tmp_path):
     import dataclasses
 
-    from runtime.package.load import file_entry, load_package, write_manifest
+    from runtime.package.load import file_entry, load_package
+    from runtime.package.manifest import write_manifest
 
     copy = shutil.copytree(tiny_package_dir, tmp_path / "pkg")
     golden = copy / "golden.jsonl"

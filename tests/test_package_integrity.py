@@ -20,8 +20,8 @@ import onnx
 import pytest
 from fixtures.child import after_shell
 
-from runtime.package.load import PackageError, file_entry, load_package, write_manifest
-from runtime.package.manifest import MAX_LABEL_CHARS, read_manifest
+from runtime.package.load import PackageError, file_entry, load_package
+from runtime.package.manifest import MAX_LABEL_CHARS, read_manifest, write_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "not-for-your-eyes-" * 1000  # 18,000 bytes: neither the text nor its size may leak

@@ -56,7 +56,8 @@ def _corrupted_copy(real_model_dir, tmp_path, variant, pick, change):
     import onnx
     from onnx import numpy_helper
 
-    from runtime.package.load import file_entry, write_manifest
+    from runtime.package.load import file_entry
+    from runtime.package.manifest import write_manifest
 
     copy = tmp_path / "package"
     shutil.copytree(real_model_dir, copy)

@@ -181,7 +181,7 @@ def flip_named(name: str, package: Path, _other: Path) -> None:
 def edit_and_rehash(package: Path) -> None:
     """A changed label written back through the factory's own manifest writer: every sha256 is
     right again, only the signature can tell."""
-    from runtime.package.load import write_manifest
+    from runtime.package.manifest import write_manifest
 
     manifest = load_package(package).manifest
     import dataclasses

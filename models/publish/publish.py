@@ -7,7 +7,7 @@
 
 A `Source` says what is being packaged (how to write its FP32 graph, its own reference outputs,
 the held-out examples); `publish` runs `STEPS` on a `Draft` in a staging directory next to
-`--out`, writes manifest.json once with `runtime.package.load.write_manifest`, and renames the
+`--out`, writes manifest.json once with `runtime.package.manifest.write_manifest`, and renames the
 directory into place. On any exception or signal the staging directory is removed. A step is a
 function of the draft: one more evaluation or threshold step is one more entry in the list.
 """
@@ -44,7 +44,8 @@ from models.progress import log
 from models.publish.abstention import scope
 from models.publish.staging import USER_ERRNOS, staging_dir, swap_into
 from models.training.metrics import classification_metrics, metrics_by_language, quantization_gate
-from runtime.package.load import FileEntry, Manifest, Package, Variant, file_entry, write_manifest
+from runtime.package.load import FileEntry, Manifest, Package, Variant, file_entry
+from runtime.package.manifest import write_manifest
 
 TOKENIZER_FILE = "tokenizer.json"
 GATE_RULE = ("paired with fp32: accuracy drop <= 1.5 points; no class recall drop > 3 points with "

@@ -64,7 +64,7 @@ from runtime.platform.safefile import (
 
 __all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "FileEntry", "Manifest", "Package", "PackageError", "Variant",
            "beyond_variant", "check_external_data", "file_entry", "json_lines", "load_package", "read_golden", "read_manifest", "read_verified",
-           "verify_files", "verify_golden_file", "write_manifest"]
+           "verify_files", "verify_golden_file"]
 
 MAX_MANIFEST_BYTES = 4 << 20  # the default model's is 24 KB
 MAX_TREE_ENTRIES = 10_000  # files and directories below a package directory
@@ -344,11 +344,3 @@ def read_tokenizer(package: Package, verify: bool = True) -> str:
         raise PackageError(f"cannot load the tokenizer {package.path(entry)}: not UTF-8 ({exc})") from exc
 
 
-def write_manifest(root: Path | str, manifest: Manifest) -> Path:
-    """Write manifest.json into `root` (the factory's only way to publish a package); a manifest
-    the runtime's reader would refuse raises PackageError and nothing is written."""
-    path = Path(root) / MANIFEST_NAME
-    text = json.dumps(manifest.to_json(), indent=2, ensure_ascii=False) + "\n"
-    read_manifest(json.loads(text), str(path))
-    path.write_text(text, encoding="utf-8")
-    return path

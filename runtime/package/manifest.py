@@ -1,10 +1,10 @@
-"""The manifest format: its dataclasses and the one reader that validates and builds them.
+"""The manifest format: its dataclasses, the one reader that validates and builds them, and the one writer.
 
 `read_manifest(data)` checks the type and value of every field the runtime trusts and builds the
 `Manifest` in the same pass, so there is one definition of each field's rule and default (issue
 26: a separate checker and parser disagreed on the golden tolerance's default, and
-`expected_tolerance` was never checked). `runtime.package.load.write_manifest` writes a manifest
-only after it reads back through here, so the factory cannot publish what the runtime refuses.
+`expected_tolerance` was never checked). `write_manifest` (below) writes a manifest only after it
+reads back through here, so the factory cannot publish what the runtime refuses.
 Stdlib only (read before the CPU check).
 
 Strings are capped and may hold no control characters: labels go into every answer line and
@@ -13,8 +13,10 @@ names into log lines (a 10 MB label made every answer 10 MB; a newline in a name
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 from runtime.package.abstain import DEFAULT_MAX_UNKNOWN_SHARE, AbstentionPolicy
@@ -336,3 +338,13 @@ def read_manifest(data: Any, where: str = MANIFEST_NAME) -> Manifest:
         calibration=_calibration(fields),
         abstention=_abstention(fields, labels, variants),
     )
+
+
+def write_manifest(root: Path | str, manifest: Manifest) -> Path:
+    """Write manifest.json into `root` (the factory's only way to publish a package); a manifest
+    the runtime's reader would refuse raises PackageError and nothing is written."""
+    path = Path(root) / MANIFEST_NAME
+    text = json.dumps(manifest.to_json(), indent=2, ensure_ascii=False) + "\n"
+    read_manifest(json.loads(text), str(path))
+    path.write_text(text, encoding="utf-8")
+    return path

@@ -9,6 +9,8 @@ the same layers.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,3 +166,10 @@ def test_an_upward_import_is_caught():
     assert layer_of("runtime.cli", rules)[1] > layer_of("runtime.serve.server", rules)[1]
     assert layer_of("models.research.harness", rules)[1] > layer_of("models.train", rules)[1]
     assert layer_of("models.quantize.__main__", rules)[1] == float("inf")
+
+
+def test_the_architecture_picture_is_drawn_from_these_layers():
+    """docs/architecture.svg is what docs/draw_architecture.py draws from the layers and folders now."""
+    done = subprocess.run([sys.executable, str(REPO / "docs" / "draw_architecture.py"), "--check"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr

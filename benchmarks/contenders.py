@@ -12,7 +12,7 @@ Contenders (same model, same texts; ORT contenders share one thread count, PyTor
                (torch.ao.quantization.quantize_dynamic, qint8 weights, activation scales per call)
     bare       a plain ONNX Runtime script (fastembed's way): benchmarks/protocol_overhead.BareLoop
     fixed128   the same session, every input padded to 128 tokens (the julia-1 article, §3.1)
-    engine     decide's engine in-process (runtime.cli.prepare + load_engine, as `decide` builds it)
+    engine     decide's engine in-process (runtime.engine.startup: prepare + load_engine, as `decide` builds it)
 """
 
 from __future__ import annotations

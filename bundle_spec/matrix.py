@@ -52,7 +52,7 @@ TABLE_FLAGS = {
                "avx512vnni", "avx_vnni"),
     "aarch64": ("asimd", "asimddp", "i8mm", "bf16", "sve"),
 }
-EXIT_CPU_UNSUPPORTED = 3  # runtime/cli.py
+EXIT_CPU_UNSUPPORTED = 3  # runtime/exits.py
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from models import keys
-from runtime.cli import EXIT_OK, EXIT_PACKAGE, EXIT_USAGE, main
+from runtime.cli import main
+from runtime.exits import EXIT_OK, EXIT_PACKAGE, EXIT_USAGE
 from runtime.package import ed25519
 from runtime.package.load import load_package, verify_files
 from runtime.package.signing import (

@@ -188,7 +188,7 @@ def decoded(pieces: Iterator[bytes], bom: bool) -> Iterator[str]:
 def jsonl_records(fh: IO[bytes], text_column: str, id_column: str | None, keep: int, number: int = 0,
                   offset: int = 0, record_bytes: int = MAX_RECORD_BYTES) -> Iterator[tuple[Record, int]]:
     """(record, offset after it) for each JSON line of `fh` from `offset` (where fh stands): lines up
-    to `record_bytes` through json.loads, longer ones through score_long's reader."""
+    to `record_bytes` through json.loads, longer ones through long.py's reader."""
     fields = _json_fields(text_column, id_column, keep)
     while True:
         line = fh.readline(record_bytes + 1)
@@ -225,7 +225,7 @@ def _long_json_record(parsed: JsonRecord, number: int, text_column: str, id_colu
 
 
 class _LongRecord(Exception):
-    """The record goes beyond the fast path's bound: read it again with score_long."""
+    """The record goes beyond the fast path's bound: read it again with long.py."""
 
 
 class _CsvLines:
@@ -278,7 +278,7 @@ def csv_records(fh: IO[bytes], delimiter: str, header: list[str], text_column: s
                 record_bytes: int = MAX_RECORD_BYTES) -> Iterator[tuple[Record, int]]:
     """(record, offset after it) for each record of a CSV/TSV body from `offset` (where fh stands,
     after the header): records up to `record_bytes` through csv.reader(strict=True), longer ones
-    and broken ones through score_long's reader. A broken record (csv would raise) becomes an
+    and broken ones through long.py's reader. A broken record (csv would raise) becomes an
     error row, and reading goes on from the line after its first: an unclosed quote swallows no
     records that follow."""
     columns = _CsvColumns(header, text_column, id_column, keep)
@@ -333,7 +333,7 @@ class _CsvColumns:
         return checked_record(number, record_id, row[self.text_at], self.text_column, self.keep_chars, self.id_column)
 
     def long_record(self, parsed: CsvRecord, number: int) -> Record:
-        """A record score_long read: too long for the fast path, or broken."""
+        """A record long.py read: too long for the fast path, or broken."""
         record_id: Any = number
         if self.id_at is not None:
             prefix = parsed.values.get(self.id_at)

@@ -120,8 +120,9 @@ def test_import_gives_the_transformers_probabilities(tmp_path, architecture):
     vocab_rows = json.loads((hf / "config.json").read_text())["vocab_size"]
     # the word table is stored once, beside the graphs, and every variant references it
     assert (out / "embeddings.bin").stat().st_size == vocab_rows * 32 * 4  # float32 rows of hidden size 32
+    # the other weights are stored once too (fp16, shared by the FP32 graph and every int8 one)
     for variant in manifest["variants"].values():
-        assert [f["file"] for f in variant["data_files"]] == ["embeddings.bin"]
+        assert [f["file"] for f in variant["data_files"]] == ["embeddings.bin", "weights.bin"]
         graph = onnx.load(str(out / variant["file"]["file"]), load_external_data=False)
         rows = [i for i in graph.graph.initializer if list(i.dims)[:1] == [vocab_rows]]
         assert len(rows) == 1 and rows[0].data_location == onnx.TensorProto.EXTERNAL and not rows[0].raw_data

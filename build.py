@@ -15,6 +15,7 @@ Exit codes: 0 built, 1 build failed, 2 refused (unsupported arch, not root, bad 
 
 import sys
 
+import runtime  # noqa: F401  (its __init__ turns ORT telemetry off for the build and every process it starts)
 from bundle_spec.pipeline import main
 
 if __name__ == "__main__":

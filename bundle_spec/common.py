@@ -26,6 +26,7 @@ CHROOT_ENV = {
     "LANG": "C.UTF-8",
     "DEBIAN_FRONTEND": "noninteractive",
     "PYTHONDONTWRITEBYTECODE": "1",
+    "ORT_DISABLE_TELEMETRY": "1",  # PyInstaller imports onnxruntime in the root: no telemetry files there (issue 33)
 }
 
 

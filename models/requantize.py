@@ -93,8 +93,15 @@ def requantize_package(package_dir: Path, recipe_name: str | None = None, versio
         novelty_flag_rate=float((manifest.abstention.get("novelty") or {}).get("flag_rate_target", 0.0)),
         max_unknown_share=float(manifest.abstention.get("max_unknown_share", 0.5)),
         scope_flag_target=float((manifest.abstention.get("negative_margin_choice") or {}).get(
-            "target_non_cases_flagged", 0.0)))
+            "target_non_cases_flagged") or 0.0),
+        negative_margin=_fixed_margin(manifest.abstention))
     return publish(source, Path(package_dir))
+
+
+def _fixed_margin(abstention: dict) -> float | None:
+    """The package's margin when its recipe fixed it (no target chose it)."""
+    choice = abstention.get("negative_margin_choice") or {}
+    return float(abstention.get("negative_margin", 0.0)) if choice.get("fixed_by_recipe") else None
 
 
 def _tokenizer_json(package) -> dict:

@@ -77,6 +77,19 @@ def spread(items: list, count: int) -> list:
     return [items[i * len(items) // count] for i in range(count)]
 
 
+def novelty_rate(recipe: Recipe) -> float:
+    """The share of validation cases the novelty threshold may flag: the recipe's own when validation
+    files written apart from the training data join the split, else `novelty_split_rate` (rows split
+    from the training file read closer to the training rows than the texts the model will meet)."""
+    if recipe.validation_data or not recipe.novelty_flag_rate:
+        return recipe.novelty_flag_rate
+    rate = min(recipe.novelty_flag_rate, recipe.novelty_split_rate)
+    log("novelty score: no validation files written apart from the training rows (validation_data), so "
+        + (f"flag {100 * rate:.1f} % of the validation split's cases (novelty_split_rate)" if rate
+           else "none (novelty_split_rate 0): rows split from the training file cannot place its threshold"))
+    return rate
+
+
 def trained_source(recipe: Recipe, prepared: Prepared, model, steps: dict) -> Source:
     """What publish needs to package a trained PyTorch classifier."""
     from models.export.fp32 import export_fp32_graph
@@ -105,8 +118,9 @@ def trained_source(recipe: Recipe, prepared: Prepared, model, steps: dict) -> So
         calibration_source="training split", golden_candidates=list(splits.test), variants=recipe.variants,
         golden_count=recipe.golden_count, calibrate=recipe.calibrate,
         provenance=trained_provenance(recipe, prepared, steps), negative_labels=recipe.negative_labels,
-        novelty_fit=list(splits.train), novelty_flag_rate=recipe.novelty_flag_rate,
-        max_unknown_share=recipe.max_unknown_share, scope_flag_target=recipe.scope_flag_target)
+        novelty_fit=list(splits.train), novelty_flag_rate=novelty_rate(recipe),
+        max_unknown_share=recipe.max_unknown_share, scope_flag_target=recipe.scope_flag_target,
+        negative_margin=recipe.negative_margin)
 
 
 def train_package(recipe: Recipe, out_dir: Path, reuse: bool = True) -> Manifest:

@@ -30,7 +30,7 @@ def test_committed_default_package_matches_its_manifest():
     verify_files(package, _all_entries(package))  # sizes and sha256 of every file
     manifest = package.manifest
     assert "fp32" in manifest.variants
-    assert set(manifest.variants) <= {"fp32", "int8-u8u8", "int8-u8s8"}
+    assert set(manifest.variants) <= {"fp32", "int8-u8u8", "int8-u8s8", "int8-u8s7"}
     assert manifest.variants["fp32"].golden_tolerance <= 2e-3
     golden = read_golden(package)
     assert len(golden) >= 20
@@ -38,9 +38,13 @@ def test_committed_default_package_matches_its_manifest():
     assert {g["label"] for g in golden} <= set(manifest.labels)
     total = sum(p.stat().st_size for p in DEFAULT_PACKAGE.iterdir() if p.is_file())
     # The embedded default's budget: 45 MB in issue 14; issue 22 let it grow into the zips' margin
-    # (4.0.0: 46.3 MB, x86_64 zip 94.6 MB of the 100 MB test_bundle holds it to).
-    assert total <= 47_000_000
-    assert all(p.stat().st_size <= 20 * 1024 * 1024 for p in DEFAULT_PACKAGE.iterdir())
+    # (4.0.0: 46.3 MB, x86_64 zip 94.6 MB of the 100 MB test_bundle holds it to); issue 34's six-layer
+    # 5.0.0 keeps one fp16 copy of its weights for four variants: 48.8 MB.
+    assert total <= 50_000_000
+    # No file over 20 MiB, but weights.bin: the six layers' fp16 weights (22 MB), one copy every variant
+    # shares — splitting it would add a file and save nothing (issue 34's closing note).
+    assert all(p.stat().st_size <= (24 if p.name == "weights.bin" else 20) * 1024 * 1024
+               for p in DEFAULT_PACKAGE.iterdir())
 
 
 def _golden_probabilities(package, variant_name):

@@ -182,6 +182,46 @@ def test_settings_that_are_not_recipe_keys_are_refused(tmp_path):
     assert result.returncode == 2 and "epochz" in _one_line(result)
 
 
+@pytest.mark.parametrize(("settings", "word"), [
+    ({"negative_margin": 0.5, "scope_flag_target": 0.9}, "not both"),
+    ({"negative_margin": -1}, "negative_margin"),
+    ({"negative_margin": "0.5"}, "negative_margin"),
+])
+def test_a_fixed_margin_is_checked_before_training(tmp_path, settings, word):
+    data = write_csv(tmp_path / "ok.csv", tiny_rows())
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(settings))
+    result = run_without_torch("train", "--data", str(data), "--settings", str(path), "--out", str(tmp_path / "p"))
+    assert result.returncode == 2 and word in _one_line(result)
+    assert not (tmp_path / "p").exists()
+
+
+def test_the_default_recipes_margin_is_fixed_and_kept_apart_from_the_cache_key():
+    from dataclasses import replace
+
+    from models.recipes import load_recipe
+
+    recipe = load_recipe("machine-alarms")
+    assert recipe.negative_margin is not None and not recipe.scope_flag_target
+    # a publish setting: changing it re-publishes from the cached student, it never retrains
+    assert replace(recipe, negative_margin=2.0).checkpoint_key("student") == recipe.checkpoint_key("student")
+
+
+def test_a_users_model_has_no_novelty_score_without_validation_files_of_its_own():
+    from dataclasses import replace
+
+    from models.recipes import load_recipe
+    from models.train import novelty_rate
+
+    default = load_recipe("default")  # what `train --data FILE` starts from
+    assert not default.validation_data and default.novelty_flag_rate > 0 and default.novelty_split_rate == 0
+    assert novelty_rate(default) == 0.0  # rows split from the user's own file cannot place its threshold
+    assert novelty_rate(replace(default, novelty_split_rate=0.01)) == 0.01
+    with_files = replace(default, validation_data=("dev.csv",))
+    assert novelty_rate(with_files) == default.novelty_flag_rate
+    assert novelty_rate(replace(default, novelty_flag_rate=0.0)) == 0.0  # no novelty score asked for: none
+
+
 def test_training_without_the_factory_installed_says_what_to_install(tmp_path):
     data = write_csv(tmp_path / "ok.csv", tiny_rows())
     result = run_without_torch("train", "--data", str(data), "--out", str(tmp_path / "pkg"),
@@ -552,7 +592,7 @@ NEGATIVES = {"en": ["canteen closes at three today", "reset my password please",
                     "Besprechung auf Freitag verschoben", "Schichtübergabe erledigt", "neue Plakate in Halle 2",
                     "Parkplatz morgen gesperrt"]}
 UNREADABLE = "ދުވަހު ހަވީރު ސިސްޓަމް ހުއްޓުނު"  # Thaana: no piece of e5's vocabulary reads it
-SCOPED_SETTINGS = {**TINY_SETTINGS, "novelty_flag_rate": 0.05, "scope_flag_target": 0.9}
+SCOPED_SETTINGS = {**TINY_SETTINGS, "novelty_flag_rate": 0.05, "novelty_split_rate": 0.05, "scope_flag_target": 0.9}
 
 
 def scoped_rows() -> list[list[str]]:

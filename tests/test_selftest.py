@@ -48,8 +48,14 @@ def _serve_on_this_host(package, variant, host_tier):
 
 
 def _corrupted_copy(real_model_dir, tmp_path, variant, pick, change):
-    """A copy of the real package whose `variant` graph has one quantization parameter changed
-    (manifest checksums updated, so only selftest can notice)."""
+    """A copy of the real package in which one quantized op of `variant` reads one changed
+    quantization parameter (manifest checksums updated, so only selftest can notice).
+
+    The changed value goes into a new initializer that only that op reads: in a package with shared
+    weights (models/export/shared_weights.py) the int8 weights are quantized at load with the op's own scale
+    and zero point, so changing the shared initializer would re-quantize them consistently and
+    change nothing; the fault a factory could make is an op reading a parameter its weights were
+    not quantized with."""
     import dataclasses
     import shutil
 
@@ -63,11 +69,13 @@ def _corrupted_copy(real_model_dir, tmp_path, variant, pick, change):
     shutil.copytree(real_model_dir, copy)
     path = copy / load_package(copy).manifest.variants[variant].file.file
     model = onnx.load(str(path), load_external_data=False)
-    name = pick(model)
+    node, position = pick(model)
+    name = node.input[position]
     init = next(i for i in model.graph.initializer if i.name == name)
     values = numpy_helper.to_array(init).copy()
     values.flat[5] = change(values.flat[5])
-    init.CopyFrom(numpy_helper.from_array(values, name))
+    model.graph.initializer.append(numpy_helper.from_array(values, name + "__changed"))
+    node.input[position] = name + "__changed"
     onnx.save(model, str(path))
     manifest = load_package(copy).manifest
     entry = dataclasses.replace(manifest.variants[variant], file=file_entry(copy, path.name))
@@ -76,7 +84,7 @@ def _corrupted_copy(real_model_dir, tmp_path, variant, pick, change):
 
 
 def _node_input(op_type, occurrence, position):
-    return lambda model: [n for n in model.graph.node if n.op_type == op_type][occurrence].input[position]
+    return lambda model: ([n for n in model.graph.node if n.op_type == op_type][occurrence], position)
 
 
 @pytest.mark.parametrize("variant, pick, change", [

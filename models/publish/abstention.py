@@ -82,7 +82,7 @@ def scope(draft) -> None:
         _add_novelty(draft, cases, negatives)
     elif source.novelty_flag_rate:
         log("novelty score: no training cases to fit it on; the package has none")
-    if source.scope_flag_target and negatives:
+    if (source.scope_flag_target or source.negative_margin is not None) and negatives:
         _choose_margin(draft, negatives)
     _record_flag_rates(draft, negatives)
 
@@ -149,20 +149,25 @@ def _choose_margin(draft, negatives: set[str]) -> None:
     manifest = read_manifest(json.loads(json.dumps(draft.manifest().to_json())))  # as the runtime reads it
     policy = manifest.abstention_policy("fp32")
     results = draft.engine("fp32").classify([e.text for e in validation])
-    rows = []
-    for margin in MARGINS:
+
+    def figures(margin: float) -> tuple[float, float, float]:
         chosen = replace(policy, negative_margin=margin)
         flagged = np.array([decide(r.probs, chosen, r.unknown_share, r.novelty).abstained for r in results])
-        rows.append((margin, float(flagged[~is_case].mean()), float(flagged[is_case].mean())))
+        return margin, float(flagged[~is_case].mean()), float(flagged[is_case].mean())
+
+    fixed = source.negative_margin is not None
+    rows = [figures(margin) for margin in ((0.0, float(source.negative_margin)) if fixed else MARGINS)]
     meeting = [row for row in rows if row[1] >= source.scope_flag_target]
-    margin, non_cases, cases = meeting[-1] if meeting else rows[0]
+    margin, non_cases, cases = rows[-1] if fixed else meeting[-1] if meeting else rows[0]
     draft.abstention["negative_margin"] = margin
     draft.abstention["negative_margin_choice"] = {
-        "target_non_cases_flagged": source.scope_flag_target, "chosen_on": f"{len(validation)} validation texts (fp32)",
+        "target_non_cases_flagged": source.scope_flag_target or None, "fixed_by_recipe": fixed,
+        "chosen_on": f"{len(validation)} validation texts (fp32)",
         "non_cases_flagged": round(non_cases, 4), "cases_flagged": round(cases, 4),
         "at_margin_0": {"non_cases_flagged": round(rows[0][1], 4), "cases_flagged": round(rows[0][2], 4)}}
-    log(f"negative margin {margin}: validation non-cases flagged {100 * non_cases:.1f} % (target "
-        f"{100 * source.scope_flag_target:.1f} %), cases {100 * cases:.1f} % (margin 0: {100 * rows[0][2]:.1f} %)")
+    how = "fixed by the recipe" if fixed else f"target {100 * source.scope_flag_target:.1f} %"
+    log(f"negative margin {margin}: validation non-cases flagged {100 * non_cases:.1f} % ({how}), "
+        f"cases {100 * cases:.1f} % (margin 0: {100 * rows[0][2]:.1f} %)")
 
 
 def _record_flag_rates(draft, negatives: set[str]) -> None:

@@ -199,7 +199,7 @@ def test_a_fixed_margin_is_checked_before_training(tmp_path, settings, word):
 def test_the_default_recipes_margin_is_fixed_and_kept_apart_from_the_cache_key():
     from dataclasses import replace
 
-    from models.recipes import load_recipe
+    from models.data.recipes import load_recipe
 
     recipe = load_recipe("machine-alarms")
     assert recipe.negative_margin is not None and not recipe.scope_flag_target
@@ -210,7 +210,7 @@ def test_the_default_recipes_margin_is_fixed_and_kept_apart_from_the_cache_key()
 def test_a_users_model_has_no_novelty_score_without_validation_files_of_its_own():
     from dataclasses import replace
 
-    from models.recipes import load_recipe
+    from models.data.recipes import load_recipe
     from models.train import novelty_rate
 
     default = load_recipe("default")  # what `train --data FILE` starts from

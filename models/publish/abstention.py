@@ -135,8 +135,9 @@ MARGINS = tuple(round(0.25 * i, 2) for i in range(17))  # 0 … 4 (log-odds)
 
 def _choose_margin(draft, negatives: set[str]) -> None:
     """The largest negative margin whose FP32 answers still flag `scope_flag_target` of the
-    validation split's non-cases (0 when even the top-class rule flags fewer): texts that lean to
-    "not a case" only a little are then answered as the case they name (runtime/package/abstain.py)."""
+    validation split's non-cases (0 when even the top-class rule flags fewer), or the recipe's fixed
+    `negative_margin`: texts that lean to "not a case" only a little are then answered as the case
+    they name (runtime/package/abstain.py). The validation figures at it and at 0 are recorded."""
     from runtime.package.abstain import decide
     from runtime.package.manifest import read_manifest
 

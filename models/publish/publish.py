@@ -110,6 +110,7 @@ class Source:
     novelty_flag_rate: float = 0.0
     max_unknown_share: float = 0.5
     scope_flag_target: float = 0.0  # > 0: choose the negative margin on validation (models/publish/abstention.py)
+    negative_margin: float | None = None  # a margin fixed beforehand (the recipe's), recorded with its figures
 
 
 @dataclass

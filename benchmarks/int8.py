@@ -38,10 +38,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 import numpy as np
 
-from runtime.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
-from runtime.package import load_package
+from runtime.package.load import load_package
+from runtime.platform.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
 
-DEFAULT_MODEL = REPO / DEFAULT_MODEL_DIR  # the embedded default (runtime/appdir.py)
+DEFAULT_MODEL = REPO / DEFAULT_MODEL_DIR  # the embedded default (runtime/platform/appdir.py)
 # Held-out texts of the default: the independent writer's test set (never trained or calibrated on)
 HELDOUT = REPO / "models" / "tasks" / "machine-alarms" / "test" / "test.csv"
 SHORT_TOKENS = 16
@@ -50,7 +50,7 @@ MEDIUM_TOKENS = 64
 
 def heldout_examples() -> list:
     """The labelled held-out texts (--heldout; default: the default model's independent test set)."""
-    from models.userdata import read_labelled_file
+    from models.data.userdata import read_labelled_file
 
     return read_labelled_file(HELDOUT, for_training=False).examples
 
@@ -62,7 +62,7 @@ def sample_texts(count: int, seed: int = 7) -> list[str]:
 
 
 def determinism(model: Path, count: int) -> None:
-    from runtime.engine import Engine
+    from runtime.engine.engine import Engine
 
     package = load_package(model)
     texts = sample_texts(count)
@@ -120,7 +120,7 @@ async def _socket_run(where: str, texts: list[str], others: list[str], clients: 
 
 def socket_check(model: Path, count: int, clients: int) -> None:
     from benchmarks.load import request, start_server
-    from runtime.engine import Engine
+    from runtime.engine.engine import Engine
 
     package = load_package(model)
     labels = package.manifest.labels
@@ -172,7 +172,7 @@ def speed_texts(model: Path) -> dict[str, list[list[int]]]:
 def speed(model: Path, thread_counts: list[int], rounds: int) -> None:
     import onnxruntime as ort
 
-    from runtime.engine import SessionSettings, session_options
+    from runtime.engine.engine import SessionSettings, session_options
 
     package = load_package(model)
     names = list(package.manifest.variants)
@@ -212,15 +212,15 @@ def speed(model: Path, thread_counts: list[int], rounds: int) -> None:
 def engine_logits(package, name: str, texts: list[str]) -> np.ndarray:
     """A variant's log-probabilities through the runtime's engine, without the package's temperature
     (logits up to a per-row constant: what a bare session computes)."""
-    from models.evaluate import classify_probs, uncalibrated
-    from runtime.engine import Engine, SessionSettings
+    from models.gate.measure import classify_probs, uncalibrated
+    from runtime.engine.engine import Engine, SessionSettings
 
     engine = Engine(uncalibrated(package), name, SessionSettings(threads=1))
     return np.log(np.maximum(classify_probs(engine, texts), 1e-300))
 
 
 def accuracy(model: Path) -> None:
-    from models.metrics import classification_metrics
+    from models.training.metrics import classification_metrics
 
     package = load_package(model)
     labels = package.manifest.labels
@@ -244,9 +244,9 @@ def torch_check(model: Path) -> None:
     from tokenizers import Tokenizer
 
     from benchmarks.torch_model import dynamic_int8, torch_classifier, torch_logits
-    from models.calibration import softmax_t as softmax
-    from models.metrics import classification_metrics
-    from runtime.package import read_golden
+    from models.gate.calibration import softmax_t as softmax
+    from models.training.metrics import classification_metrics
+    from runtime.package.load import read_golden
 
     torch.set_num_threads(1)
     package = load_package(model)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-from runtime.appdir import DEFAULT_MODEL
-from runtime.engine import Engine
-from runtime.package import load_package, read_golden
+from runtime.engine.engine import Engine
+from runtime.package.load import load_package, read_golden
+from runtime.platform.appdir import DEFAULT_MODEL
 
 
 def main() -> int:

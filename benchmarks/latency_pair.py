@@ -4,7 +4,7 @@
         --texts models/tasks/machine-alarms/test/test.csv
 
 Each package runs the variant the launcher picks on this CPU (or --variant NAME for both), one
-intra-op thread and one worker unless --threads says otherwise, through runtime.engine.Engine (its
+intra-op thread and one worker unless --threads says otherwise, through runtime.engine.engine.Engine (its
 own tokenizer included, as `decide` answers one line). Rounds alternate between the two packages
 so that other load on the box hits both alike; every text of the file is timed once per round.
 Prints median and p90 per package and the candidate / baseline ratio of the medians.
@@ -19,16 +19,16 @@ import time
 from pathlib import Path
 
 from benchmarks.load import load_texts
-from runtime.engine import Engine, SessionSettings
-from runtime.package import load_package
-from runtime.service import percentile
+from runtime.engine.engine import Engine, SessionSettings
+from runtime.package.load import load_package
+from runtime.serve.service import percentile
 
 
 def chosen_variant(package) -> str:
     """The variant the launcher would pick for this CPU."""
-    from runtime.appdir import find_data_dir
-    from runtime.cpu import probe
-    from runtime.tiers import load_platform, select
+    from runtime.platform.appdir import find_data_dir
+    from runtime.platform.cpu import probe
+    from runtime.platform.tiers import load_platform, select
 
     features = probe()
     return select(features, load_platform(find_data_dir("platforms"), features.arch), package.manifest.variants.keys()).variant

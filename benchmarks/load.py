@@ -37,11 +37,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
-from runtime.service import percentile  # the one nearest-rank percentile of the measuring code
+from runtime.platform.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
+from runtime.serve.service import (
+    percentile,  # the one nearest-rank percentile of the measuring code
+)
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = REPO / DEFAULT_MODEL_DIR  # the embedded default (runtime/appdir.py)
+DEFAULT_MODEL = REPO / DEFAULT_MODEL_DIR  # the embedded default (runtime/platform/appdir.py)
 
 
 def load_texts(path: Path) -> list[str]:
@@ -197,8 +199,8 @@ class EngineCeiling:
     `batch` clients. Measured in slices between the load rounds, while the server idles."""
 
     def __init__(self, model: Path, info: dict[str, Any], texts: list[str], batch: int, seconds: float):
-        from runtime.engine import Engine, SessionSettings
-        from runtime.package import load_package
+        from runtime.engine.engine import Engine, SessionSettings
+        from runtime.package.load import load_package
 
         settings = SessionSettings(threads=info["threads"], workers=info.get("workers", 1))
         self.engine = Engine(load_package(model), info["variant"], settings)

@@ -36,7 +36,7 @@ from pathlib import Path
 from bundle_spec import matrix as emulation
 from bundle_spec.common import REPO
 from bundle_spec.qemu_user import ensure_qemu, run_emulated
-from runtime.appdir import DEFAULT_MODEL
+from runtime.platform.appdir import DEFAULT_MODEL
 
 
 def cpu_seconds(bundle: emulation.Bundle, cpu: str, variant: str, texts: list[str]) -> float:

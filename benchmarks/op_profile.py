@@ -18,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from benchmarks.compare import DEFAULT_MODEL, text_sets
-from runtime.package import load_package
+from runtime.package.load import load_package
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,7 +26,7 @@ def op_times_us(model: Path, variant: str, texts: list[str], batch: int, calls: 
     """Mean microseconds per call spent in each operator type (ORT profiler, after one warm-up call)."""
     import onnxruntime as ort
 
-    from runtime.engine import Engine, SessionSettings, session_options
+    from runtime.engine.engine import Engine, SessionSettings, session_options
 
     engine = Engine(load_package(model), variant, SessionSettings(threads=threads), verify=False)
     options = session_options(engine.settings)

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runtime.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
-from runtime.package import load_package, read_golden  # stdlib-only modules
+from runtime.package.load import load_package, read_golden  # stdlib-only modules
+from runtime.platform.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 SHORT_TOKENS = 16
@@ -189,7 +189,7 @@ def bulk_throughput(args, variant: str, texts: list[str]) -> dict[str, Any]:
 
 def bucket_gain(args, variant: str, threads: int, texts: list[str]) -> dict[str, Any]:
     """Figure 3: short texts through the engine with buckets vs padded to FIXED_PADDING tokens."""
-    from runtime.engine import Engine, SessionSettings
+    from runtime.engine.engine import Engine, SessionSettings
 
     engine = Engine(load_package(args.model), variant, SessionSettings(threads=threads))
     engine.warm_up()
@@ -217,7 +217,7 @@ def bucket_gain(args, variant: str, threads: int, texts: list[str]) -> dict[str,
 def engine_ceiling(args, variant: str, threads: int, texts: list[str]) -> dict[str, Any]:
     """Context for figure 2: the same texts through the engine in-process, one at a time vs all in
     one call: the most batching can give with this model and text mix, without any protocol."""
-    from runtime.engine import Engine, SessionSettings
+    from runtime.engine.engine import Engine, SessionSettings
 
     # As decide builds it: one worker per thread (runtime/cli.py), so batches of one call overlap.
     engine = Engine(load_package(args.model), variant, SessionSettings(threads=threads, workers=threads))

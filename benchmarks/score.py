@@ -33,8 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from runtime.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
-from runtime.package import load_package, read_golden
+from runtime.package.load import load_package, read_golden
+from runtime.platform.appdir import DEFAULT_MODEL as DEFAULT_MODEL_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 SHORT_TOKENS = 16
@@ -77,9 +77,9 @@ def bare_engine(model: Path, variant: str | None, texts: list[str], count: int,
     engine is loaded and warm, just before the clock starts."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from runtime.classifier import Classifier
-    from runtime.score import WINDOW_RECORDS
-    from runtime.score_pool import plan, scoring_cores
+    from runtime.engine.classifier import Classifier
+    from runtime.score.pool import plan, scoring_cores
+    from runtime.score.windows import WINDOW_RECORDS
 
     run_plan = plan(scoring_cores())
     windows = [[texts[i % len(texts)] for i in range(start, min(start + WINDOW_RECORDS, count))]
@@ -242,7 +242,7 @@ def ray_figures(source: Path, model: Path, variant: str, count: int, tmp: Path) 
     import pyarrow.parquet as pq
     import ray
 
-    from runtime.ray_data import BATCH_SIZE, DecidePredictor
+    from runtime.score.ray_data import BATCH_SIZE, DecidePredictor
 
     subset = tmp / "ray-input.jsonl"
     with open(source, encoding="utf-8") as fh, open(subset, "w", encoding="utf-8") as out:
@@ -293,8 +293,8 @@ def main() -> int:
     if args.bare_child:
         return bare_child(args)
 
-    from runtime.classifier import prepare
-    from runtime.score_pool import plan, scoring_cores
+    from runtime.engine.classifier import prepare
+    from runtime.score.pool import plan, scoring_cores
 
     setup = prepare(args.model, variant=args.variant)
     variant = setup.choice.variant

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from runtime import classifier, cli
+from runtime import cli
+from runtime.engine import classifier
 
 
 def slowed(load_engine: Callable[..., Any], per_call_ms: float, per_text_ms: float) -> Callable[..., Any]:

@@ -1,6 +1,6 @@
 """Student shapes side by side on machine-alarms (issue 27): today's 4-layer transformer student, the
-conv-attention hybrids (models/hybrid.py) and a 2-layer transformer, each with both heads
-(mean features → linear; Julia-1's [CLS] ⊕ mean ⊕ max → 2-layer MLP, models/heads.py).
+conv-attention hybrids (models/training/hybrid.py) and a 2-layer transformer, each with both heads
+(mean features → linear; Julia-1's [CLS] ⊕ mean ⊕ max → 2-layer MLP, models/training/heads.py).
 
     nice -n 10 env DECIDE_FACTORY_THREADS=2 python3 benchmarks/students.py build [--out DIR] [--only NAME ...]
     python3 benchmarks/students.py table [--packages DIR] [--rounds 7] [--calls 20] [--json FILE]
@@ -13,7 +13,7 @@ build: one package per candidate and head in DIR (default /tmp/decide-students),
   share one distilled encoder (its checkpoint is head-independent). --reduced trains on a subset
   (train_subset 1500, 1 distillation epoch, no augmented copies): quicker, not the real figures.
   Prints the CPU seconds (user + sys) of every build.
-table: every package of DIR on this CPU, one process, numbers from runtime.engine.Engine:
+table: every package of DIR on this CPU, one process, numbers from runtime.engine.engine.Engine:
   accuracy on the held-out in-scope cases (test/cases-a.csv + cases-b.csv) and on their part in
   languages no training file has; dev accuracy (dev/dev.csv cases: what settings were chosen on);
   int8 determinism (label changes, text alone vs in one classify call with all the others);
@@ -72,7 +72,7 @@ REDUCED = {"train_subset": 1500, "distill_augment": 0, "feature_distill": {"epoc
 
 def candidate_recipe(candidate: str, head: str, reduced: bool = False):
     """machine-alarms + the case training files + the candidate's shape and head (validated)."""
-    from models.recipes import load_recipe, recipe_from_dict
+    from models.data.recipes import load_recipe, recipe_from_dict
 
     base = asdict(load_recipe("machine-alarms"))
     extra = list(base["extra_data"]) + [p for p in EXTRA_TRAIN if p not in base["extra_data"]]
@@ -166,16 +166,16 @@ def with_rejected(package, scratch: Path, calibration_texts: list[str], wanted: 
     """The package, plus the int8 variants of VARIANTS its gate rejected, re-made for timing and scoring only.
 
     A rejected graph is deleted by the factory; its speed and its accuracy loss are still part of the
-    comparison. It is re-made from the package's FP32 graph by models.quantize (as the factory does,
+    comparison. It is re-made from the package's FP32 graph by models.quantize.int8 (as the factory does,
     but calibrated on the training files' texts rather than the training split) in a copy of the
     package under `scratch`; the published package is not touched.
     """
     import shutil
     from dataclasses import replace
 
-    from models.quantize import quantize_variants, text_feeds
-    from runtime.package import Package, file_entry
-    from runtime.text import TextEncoder
+    from models.quantize.int8 import quantize_variants, text_feeds
+    from runtime.engine.text import TextEncoder
+    from runtime.package.load import Package, file_entry
 
     manifest = package.manifest
     missing = [v for v in wanted if v not in manifest.variants]
@@ -217,7 +217,7 @@ def rejected_lines(published: dict) -> list[str]:
 
 def length_items(engine, texts: list[str], length: int, count: int = 6) -> list:
     """`count` token sequences of exactly `length` tokens: held-out texts joined, cut, specials kept."""
-    from runtime.text import Encoded
+    from runtime.engine.text import Encoded
 
     encoded = engine.encoder.tokenize(texts)
     pieces = [token for item in encoded for token in item.ids[1:-1]]
@@ -244,7 +244,7 @@ def time_config(engine, items_by_length: dict, bulk_batches: list, calls: int, t
 def measure_speed(packages: dict, threads: list[int], rounds: int, calls: int, texts: list[str],
                   clock=time.perf_counter) -> dict:
     """Median batch-1 ms per length and bulk texts/s per (package, variant, threads), interleaved rounds."""
-    from runtime.engine import Engine, SessionSettings
+    from runtime.engine.engine import Engine, SessionSettings
 
     engines, inputs = {}, {}
     for name, package in packages.items():
@@ -271,9 +271,9 @@ def measure_speed(packages: dict, threads: list[int], rounds: int, calls: int, t
 
 def cpu_description() -> dict:
     """This CPU: model name, the x86 SIMD flags that decide int8 kernels, the runtime's tier."""
-    from runtime.appdir import find_data_dir
-    from runtime.cpu import probe
-    from runtime.tiers import load_platform, select
+    from runtime.platform.appdir import find_data_dir
+    from runtime.platform.cpu import probe
+    from runtime.platform.tiers import load_platform, select
 
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), platform.processor())
@@ -293,7 +293,7 @@ def served_variants(cpu: dict, package) -> tuple[str, int]:
 
 def quality(packages: dict, held_out: list[dict], absent: set[str], dev: list[dict]) -> dict:
     """Accuracy figures and int8 determinism per (package, variant), through the runtime's engine (2 threads)."""
-    from runtime.engine import Engine, SessionSettings
+    from runtime.engine.engine import Engine, SessionSettings
 
     out = {}
     absent_rows = [r for r in held_out if r.get("lang") in absent]
@@ -357,7 +357,7 @@ def table(packages_dir: Path, rounds: int, calls: int, threads: list[int], json_
           clock: str = "wall", variants: list[str] = VARIANTS) -> int:
     import onnxruntime
 
-    from runtime.package import load_package
+    from runtime.package.load import load_package
 
     published = {d.name: load_package(d) for d in sorted(packages_dir.iterdir()) if (d / "manifest.json").is_file()}
     if not published:

@@ -41,7 +41,8 @@ TEXTS = ["Pumpe 3: Vibration über Grenzwert", "the rain and the wind", "le serv
 def make_packages(source: Path, work: Path) -> dict[str, Path]:
     """Good A and B, damaged D and wrongly signed W, plus the keys; returns their directories."""
     from models import keys
-    from runtime.package import load_package, write_manifest
+    from runtime.package.load import load_package
+    from runtime.package.manifest import write_manifest
 
     keys.keygen(work / "trusted.key")
     keys.keygen(work / "stranger.key")
@@ -165,9 +166,9 @@ async def run(args: argparse.Namespace, packages: dict[str, Path], path: str) ->
 
 
 def report(args: argparse.Namespace, outcome: dict, packages: dict[str, Path]) -> tuple[dict, bool]:
-    from runtime.appdir import DEFAULT_MODEL
-    from runtime.package import load_package
-    from runtime.service import percentile  # the server's own nearest-rank percentile
+    from runtime.package.load import load_package
+    from runtime.platform.appdir import DEFAULT_MODEL
+    from runtime.serve.service import percentile  # the server's own nearest-rank percentile
 
     tally: Tally = outcome["tally"]
     versions = {name: f"{load_package(p).manifest.name}@{load_package(p).manifest.version}"
@@ -219,7 +220,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None, help="--threads for the server")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    from runtime.appdir import DEFAULT_MODEL
+    from runtime.platform.appdir import DEFAULT_MODEL
 
     with tempfile.TemporaryDirectory(prefix="decide-swap-") as folder:
         work = Path(folder)

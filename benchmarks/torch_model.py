@@ -2,7 +2,7 @@
 
 The package stores no PyTorch checkpoint, and retraining one (`python -m models train --recipe`) is slow
 and need not reproduce the published weights bit for bit. Its FP32 graph holds every weight
-(fp16-stored, cast to FP32 at load, as ORT does), so models.classifier's student architecture
+(fp16-stored, cast to FP32 at load, as ORT does), so models.training.classifier's student architecture
 (BertModel + pooled or mean-feature head + block-quantized word table) is filled from it: PyTorch then computes
 what the ONNX graph computes, and any speed difference is the runtime's, not the weights'.
 
@@ -19,13 +19,13 @@ import numpy as np
 import torch
 from transformers import BertConfig, BertModel
 
-from models.classifier import BlockQuantizedEmbedding, MeanFeatureHead, TextClassifier
-from runtime.package import Package
+from models.training.classifier import BlockQuantizedEmbedding, MeanFeatureHead, TextClassifier
+from runtime.package.load import Package
 
 if TYPE_CHECKING:  # onnx is imported only to rebuild a model, not by the benchmark's torch worker
     import onnx
 
-FP16_SUFFIX = "__fp16"  # models.export.store_weights_fp16's initializer names
+FP16_SUFFIX = "__fp16"  # models.export.fp32.store_weights_fp16's initializer names
 
 
 def _weights(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
@@ -49,13 +49,15 @@ def _attribute(node: onnx.NodeProto, name: str) -> float | int:
 
 
 def torch_classifier(package: Package, variant: str = "fp32") -> TextClassifier:
-    """models.classifier.TextClassifier (eval mode) holding the weights of the package's FP32 graph."""
+    """models.training.classifier.TextClassifier (eval mode) holding the weights of the package's FP32 graph."""
     import onnx
 
     path = package.path(package.manifest.variants[variant].file)
     graph = onnx.load(str(path)).graph  # resolves embeddings.bin next to it
     weights = _weights(graph)
-    from models.novelty import PREFIX  # the novelty score's part of the graph is not the model
+    from models.publish.novelty import (
+        PREFIX,  # the novelty score's part of the graph is not the model
+    )
 
     nodes = [n for n in graph.node if n.op_type in ("Attention", "MatMul", "SkipLayerNormalization", "BiasGelu")
              and not any(out.startswith(PREFIX) for out in n.output)]
@@ -65,7 +67,7 @@ def torch_classifier(package: Package, variant: str = "fp32") -> TextClassifier:
     gelus = [n for n in nodes if n.op_type == "BiasGelu"]
     layers = len(attention)
     if not layers or len(matmuls) != 3 * layers or len(norms) != 2 * layers or len(gelus) != layers:
-        raise ValueError(f"{path.name}: not the fused 4-op-per-layer BERT graph models/export.py writes")
+        raise ValueError(f"{path.name}: not the fused 4-op-per-layer BERT graph models/export/fp32.py writes")
 
     prefix = "model.encoder.embeddings."
     hidden = weights[f"{prefix}LayerNorm.weight"].shape[0]
@@ -109,10 +111,10 @@ def torch_classifier(package: Package, variant: str = "fp32") -> TextClassifier:
 
 def _word_table(weights: dict[str, np.ndarray]) -> torch.nn.Module:
     """The frozen word table: block-quantized (one int8 code a value, or two 4-bit codes a byte:
-    models.classifier.PackedBlockEmbedding, low nibble = even code + 8, high = odd code + 8), or
-    tiered (those exact rows + a product-quantized tail, models/word_table.py)."""
+    models.training.classifier.PackedBlockEmbedding, low nibble = even code + 8, high = odd code + 8), or
+    tiered (those exact rows + a product-quantized tail, models/training/word_table.py)."""
     if "word_table.exact.packed" in weights:
-        from models.word_table import ProductQuantizedRows, TieredEmbedding
+        from models.training.word_table import ProductQuantizedRows, TieredEmbedding
 
         exact = _block_table(weights, "word_table.exact.")
         offsets = weights["word_table.tail.offsets"]

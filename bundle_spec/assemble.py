@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bundle_spec.common import PYTHON_PREFIX, REPO, BuildError, note
 from bundle_spec.root import BuildRoot
-from runtime.package import PackageError, load_package, verify_files
+from runtime.package.load import PackageError, load_package, verify_files
 
 
 def copy_model(model_dir: Path, target: Path) -> dict[str, object]:

@@ -13,13 +13,13 @@ from pathlib import Path
 
 from bundle_spec.common import REPO, Arch, note, run
 from bundle_spec.wheels import ensure_wheels
-from runtime.stack import LEGACY_DIR, LEGACY_NUMPY
+from runtime.platform.stack import LEGACY_DIR, LEGACY_NUMPY
 
 
 def add_legacy_stack(arch: Arch, staging: Path, cache: Path, logs: Path, smoke: bool) -> None:
     """Unpack numpy 1.26.4 into _internal/legacy when a tier of platforms/<arch>.json needs it.
 
-    CPUs below x86-64-v2 cannot run numpy 2.4; runtime/stack.py puts this directory first on
+    CPUs below x86-64-v2 cannot run numpy 2.4; runtime/platform/stack.py puts this directory first on
     sys.path for those tiers (same onnxruntime). Left out: tests, f2py, distutils, C headers and
     static libraries, type stubs, and the SIMD test module _simd (0.6 MB zipped, imported by
     numpy's tests only). The modules are byte-compiled (unchecked-hash: zip timestamps cannot

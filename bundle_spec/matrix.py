@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from bundle_spec.common import DEFAULT_CACHE, REPO
 from bundle_spec.pipeline import zip_stem
 from bundle_spec.qemu_user import SIGILL_EXIT, run_emulated
 from bundle_spec.source_tree import git_commit, inputs_digest
-from runtime.package import sha256_file
+from runtime.package.load import sha256_file
 
 # CPU models of the matrix, oldest first. Values are QEMU_CPU strings.
 X86_CPU_MODELS: dict[str, str] = {
@@ -52,7 +52,7 @@ TABLE_FLAGS = {
                "avx512vnni", "avx_vnni"),
     "aarch64": ("asimd", "asimddp", "i8mm", "bf16", "sve"),
 }
-EXIT_CPU_UNSUPPORTED = 3  # runtime/cli.py
+EXIT_CPU_UNSUPPORTED = 3  # runtime/exits.py
 
 
 @dataclass(frozen=True)
@@ -213,6 +213,44 @@ def _problems_of(done: subprocess.CompletedProcess[str], what: str) -> list[str]
 FORCED_BLAS_CORE = {"x86_64": "Haswell", "aarch64": "NEOVERSEV1"}
 
 
+def _check_refusal(cell: CellResult, run: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    """A CPU the bundle cannot serve: serving must be refused with exit 3 and one stderr line."""
+    serve = run([], stdin='{"id": 1, "text": "hello"}\n')
+    cell.problems += _problems_of(serve, "serve")
+    lines = serve.stderr.strip().splitlines()
+    cell.refused = lines[-1] if lines else ""
+    cell.selftest = f"refused (exit {serve.returncode})"
+    if serve.returncode != EXIT_CPU_UNSUPPORTED or len(lines) != 1 or serve.stdout.strip():
+        cell.problems.append(f"refusal must be exit 3 with one stderr line, got exit "
+                             f"{serve.returncode}, {len(lines)} stderr lines")
+
+
+def _check_answers(cell: CellResult, bundle: Bundle, run: Callable[..., subprocess.CompletedProcess[str]],
+                   requests: int) -> None:
+    """A few golden texts served: every one answered, scores within the variant's golden tolerance."""
+    texts, reference, labels = golden_requests(bundle.model_dir, requests)
+    lines = "".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts))
+    serve = run([], stdin=lines)
+    cell.problems += _problems_of(serve, "serve")
+    answers = {}
+    for line in serve.stdout.splitlines():
+        reply = json.loads(line)
+        if "id" in reply and "scores" in reply:
+            answers[reply["id"]] = reply
+    if len(answers) != len(texts):
+        cell.problems.append(f"serve: {len(answers)}/{len(texts)} answers, exit {serve.returncode}")
+    diffs = [abs(answers[i]["scores"][label] - p)
+             for i, probs in enumerate(reference) if i in answers
+             for label, p in zip(labels, probs)]
+    cell.max_dp = max(diffs) if diffs else None
+    manifest = json.loads((bundle.model_dir / "manifest.json").read_text())
+    variant = manifest["variants"].get(cell.variant, {})
+    cell.tolerance = float(variant.get("golden_tolerance", 2e-3))
+    # The wire rounds scores to 6 decimals: allow that on top of the manifest's tolerance.
+    if cell.max_dp is not None and cell.max_dp > cell.tolerance + 1e-6:
+        cell.problems.append(f"serve: max |dp| {cell.max_dp:.2e} > tolerance {cell.tolerance:.0e}")
+
+
 def run_cell(bundle: Bundle, cpu_name: str, requests: int = 4, emulate: bool = True,
              variant: str | None = None) -> CellResult:
     """info → selftest → a few requests of the frozen bundle on one CPU model (or natively).
@@ -249,14 +287,7 @@ def run_cell(bundle: Bundle, cpu_name: str, requests: int = 4, emulate: bool = T
     choice = report.get("choice") or {}
     cell.tier, cell.variant = choice.get("tier") or "-", choice.get("variant") or "-"
     if info.returncode == EXIT_CPU_UNSUPPORTED:
-        serve = run([], stdin='{"id": 1, "text": "hello"}\n')
-        cell.problems += _problems_of(serve, "serve")
-        lines = serve.stderr.strip().splitlines()
-        cell.refused = lines[-1] if lines else ""
-        cell.selftest = f"refused (exit {serve.returncode})"
-        if serve.returncode != EXIT_CPU_UNSUPPORTED or len(lines) != 1 or serve.stdout.strip():
-            cell.problems.append(f"refusal must be exit 3 with one stderr line, got exit "
-                                 f"{serve.returncode}, {len(lines)} stderr lines")
+        _check_refusal(cell, run)
         cell.seconds = time.monotonic() - started
         return cell
     if info.returncode != 0:
@@ -271,27 +302,7 @@ def run_cell(bundle: Bundle, cpu_name: str, requests: int = 4, emulate: bool = T
         cell.selftest = f"no result (exit {selftest.returncode})"
     if cell.selftest != "pass":
         cell.problems.append(f"selftest: {cell.selftest}: {selftest.stderr.strip()[-300:]}")
-    texts, reference, labels = golden_requests(bundle.model_dir, requests)
-    lines = "".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts))
-    serve = run([], stdin=lines)
-    cell.problems += _problems_of(serve, "serve")
-    answers = {}
-    for line in serve.stdout.splitlines():
-        reply = json.loads(line)
-        if "id" in reply and "scores" in reply:
-            answers[reply["id"]] = reply
-    if len(answers) != len(texts):
-        cell.problems.append(f"serve: {len(answers)}/{len(texts)} answers, exit {serve.returncode}")
-    diffs = [abs(answers[i]["scores"][label] - p)
-             for i, probs in enumerate(reference) if i in answers
-             for label, p in zip(labels, probs)]
-    cell.max_dp = max(diffs) if diffs else None
-    manifest = json.loads((bundle.model_dir / "manifest.json").read_text())
-    variant = manifest["variants"].get(cell.variant, {})
-    cell.tolerance = float(variant.get("golden_tolerance", 2e-3))
-    # The wire rounds scores to 6 decimals: allow that on top of the manifest's tolerance.
-    if cell.max_dp is not None and cell.max_dp > cell.tolerance + 1e-6:
-        cell.problems.append(f"serve: max |dp| {cell.max_dp:.2e} > tolerance {cell.tolerance:.0e}")
+    _check_answers(cell, bundle, run, requests)
     cell.seconds = time.monotonic() - started
     return cell
 

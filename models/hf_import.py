@@ -22,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from models.calibration import softmax_t
-from models.data import Example
-from models.hf_folder import HfFolder, read_hf_folder
+from models.data.datasets import Example
+from models.data.hf_folder import HfFolder, read_hf_folder
+from models.data.userdata import NO_LANGUAGE, DataError, read_labelled_file
+from models.gate.calibration import softmax_t
 from models.progress import log
-from models.publish import Fp32Graph, Heldout, PublishError, Source, publish
-from models.userdata import NO_LANGUAGE, DataError, read_labelled_file
-from runtime.package import Manifest
+from models.publish.publish import Fp32Graph, Heldout, PublishError, Source, publish
+from runtime.package.load import Manifest
 
 IMPORT_TOLERANCE = 1e-4  # max |Δp| of the FP32 graph against transformers
 SAMPLE_PER_LANGUAGE = 12
@@ -55,7 +55,7 @@ def probe_texts(max_length: int) -> list[str]:
 
 def builtin_sample() -> list[Example]:
     """Unlabelled multilingual texts for the agreement gate: chatterbot-corpus messages, per language."""
-    from models.data import load_chatterbot_topics
+    from models.data.datasets import load_chatterbot_topics
 
     by_language: dict[str, list[Example]] = {}
     for example in load_chatterbot_topics():
@@ -136,7 +136,7 @@ class TransformersModel:
 
 def check_tokenizer_json(reference: TransformersModel, tokenizer_json: dict, texts: list[str]) -> None:
     """The package's tokenizer, as the runtime loads it, must give AutoTokenizer's ids."""
-    from runtime.text import TextEncoder
+    from runtime.engine.text import TextEncoder
 
     # the text the package's tokenizer.json will hold
     encoder = TextEncoder(json.dumps(tokenizer_json, ensure_ascii=False), reference.max_length, reference.pad_id)
@@ -190,7 +190,7 @@ def import_hf(hf_dir: Path, out_dir: Path, name: str, data_file: Path | None = N
     holder = [reference.model]  # the exporter takes it out: after tracing, nothing needs torch's copy
 
     def write_fp32(staging: Path) -> Fp32Graph:
-        from models.hf_export import export_hf_fp32
+        from models.export.hf_export import export_hf_fp32
 
         graph, shared, fusion = export_hf_fp32(holder, folder, staging)
         return Fp32Graph(graph, shared, "fp32", {"fused_operators": fusion})

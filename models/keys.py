@@ -9,11 +9,11 @@ The secret key file is minisign's format without a password (what `minisign -G -
 `minisign -S -s keys/plant.key -m FILE` can use it too; keep it off the boxes and readable by you
 only. A password-protected minisign key (`minisign -G`) is refused with a message saying how to
 strip the password (`minisign -C -s KEY`, empty password). The file formats and the check are
-runtime/signing.py's, so what is signed here is read by the same code that verifies it.
+runtime/package/signing.py's, so what is signed here is read by the same code that verifies it.
 
 Signing is Ed25519 through the host's libcrypto (OpenSSL ≥ 1.1.1, via ctypes): hand-written
 signing code would leak the secret key through timing; verification (public data only) is
-plain Python in runtime/ed25519.py, and every signature is verified before it is written.
+plain Python in runtime/package/ed25519.py, and every signature is verified before it is written.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import secrets
 import time
 from pathlib import Path
 
-from runtime import ed25519
-from runtime.package import load_package, verify_files
-from runtime.signing import (
+from runtime.package import ed25519
+from runtime.package.load import load_package, verify_files
+from runtime.package.signing import (
     HASHED,
     KEY_ALGORITHM,
     KEY_ID_BYTES,
@@ -199,7 +199,7 @@ def sign_package(package_dir: Path, key_path: Path, comment: str | None = None) 
     signature = Signature(**{**unsigned.__dict__, "global_signature": crypto.sign(seed, comment_message(unsigned))})
     if not (ed25519.verify(public, signed_message(package.manifest_bytes), signature.signature)
             and ed25519.verify(public, comment_message(signature), signature.global_signature)):
-        raise SigningError("the new signature does not verify (libcrypto and runtime/ed25519.py disagree); nothing written")
+        raise SigningError("the new signature does not verify (libcrypto and runtime/package/ed25519.py disagree); nothing written")
     target = package_dir / SIGNATURE_NAME
     temporary = package_dir / f".{SIGNATURE_NAME}.{os.getpid()}.tmp"
     try:

@@ -2,7 +2,7 @@
 
 The FP32 graph, its external data and the tokenizer are copied unchanged; the int8 variants are
 made again, calibrated on the training split of the recipe's data and gated on its validation +
-test split, through the same publish steps as a new package (models/publish.py). The reference is
+test split, through the same publish steps as a new package (models/publish/publish.py). The reference is
 the package's own golden set (its recorded FP32-reference probabilities), and the temperature
 stays the one the package was calibrated with. Torch-free.
 """
@@ -14,14 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
-from models.data import Example
-from models.novelty import strip_novelty
-from models.publish import Fp32Graph, Heldout, PublishError, Source, publish
-from models.quantize import DEFAULT_INT8, VARIANTS_BY_NAME
-from models.recipe_data import load_examples, recipe_splits
-from models.recipes import Recipe, load_recipe, recipe_from_dict, recipe_names
-from runtime.appdir import DEFAULT_MODEL_NAME
-from runtime.package import Manifest, load_package, read_golden
+from models.data.datasets import Example
+from models.data.recipe_data import load_examples, recipe_splits
+from models.data.recipes import Recipe, load_recipe, recipe_from_dict, recipe_names
+from models.publish.novelty import strip_novelty
+from models.publish.publish import Fp32Graph, Heldout, PublishError, Source, publish
+from models.quantize.int8 import DEFAULT_INT8, VARIANTS_BY_NAME
+from runtime.package.load import Manifest, load_package, read_golden
+from runtime.platform.appdir import DEFAULT_MODEL_NAME
 
 
 def recipe_for(manifest, recipe: str | None) -> Recipe:

@@ -1,7 +1,7 @@
 """A recipe → its model package: prepare the data, train the student, publish.
 
-    prepare (models/recipe_data.py: data, split, vocabulary) → train (models/student.py: teacher,
-    student, cached checkpoints) → publish (models/publish.py: FP32 graph, int8 variants, every
+    prepare (models/data/recipe_data.py: data, split, vocabulary) → train (models/training/student.py: teacher,
+    student, cached checkpoints) → publish (models/publish/publish.py: FP32 graph, int8 variants, every
     variant evaluated through the runtime's engine, gate, temperature, golden set, one manifest)
 
 `python -m models train --data FILE` and `python -m models train --recipe NAME` both end here.
@@ -17,14 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from models.graph_data import SHARED_DATA_FILE
+from models.data.recipe_data import Prepared, base_tokenizer_json, prepare_data, split_provenance
+from models.data.recipes import Recipe
+from models.data.userdata import NO_LANGUAGE
+from models.data.vocab import unk_rate
+from models.export.graph_data import SHARED_DATA_FILE
 from models.progress import log
-from models.publish import Fp32Graph, Heldout, Source, publish
-from models.recipe_data import Prepared, base_tokenizer_json, prepare_data, split_provenance
-from models.recipes import Recipe
-from models.userdata import NO_LANGUAGE
-from models.vocab import unk_rate
-from runtime.package import Manifest
+from models.publish.publish import Fp32Graph, Heldout, Source, publish
+from runtime.package.load import Manifest
 
 
 def _base_provenance(recipe: Recipe) -> dict:
@@ -53,7 +53,7 @@ def _unk_rates(prepared: Prepared) -> dict:
 
 def trained_provenance(recipe: Recipe, prepared: Prepared, steps: dict) -> dict:
     """Where a trained package came from: recipe, base model, data, split, vocabulary, step costs."""
-    from models.student import training_threads
+    from models.training.student import training_threads
 
     return {
         "recipe": {k: v for k, v in asdict(recipe).items() if k != "description"},
@@ -92,8 +92,8 @@ def novelty_rate(recipe: Recipe) -> float:
 
 def trained_source(recipe: Recipe, prepared: Prepared, model, steps: dict) -> Source:
     """What publish needs to package a trained PyTorch classifier."""
-    from models.export import export_fp32_graph
-    from models.loops import predict_logits
+    from models.export.fp32 import export_fp32_graph
+    from models.training.loops import predict_logits
 
     splits, pad_id = prepared.splits, prepared.pad_id
 
@@ -125,7 +125,7 @@ def trained_source(recipe: Recipe, prepared: Prepared, model, steps: dict) -> So
 
 def train_package(recipe: Recipe, out_dir: Path, reuse: bool = True) -> Manifest:
     """Run the whole pipeline for one recipe and write its package into out_dir."""
-    from models.student import train_student
+    from models.training.student import train_student
 
     started = time.monotonic()
     log(f"training {recipe.name} {recipe.version} into {out_dir}")

@@ -21,8 +21,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from runtime.package import PackageError, load_package, verify_files
-from runtime.text import bucket_lengths, max_text_chars
+from runtime.engine.batching import bucket_lengths
+from runtime.engine.text import max_text_chars
+from runtime.package.load import PackageError, load_package, verify_files
 
 # ONNX TensorProto element types → Triton DataType names (model_config.proto).
 TRITON_TYPES = {1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 5: "TYPE_INT16", 6: "TYPE_INT32", 7: "TYPE_INT64",
@@ -33,9 +34,9 @@ MAX_QUEUE_DELAY_US = 2000  # like decide's socket server: a few ms of waiting bu
 
 def choose_variant(package_dir: Path, variant: str | None) -> tuple[str, list[str]]:
     """The variant to export and why: --variant, else decide's own choice for this CPU."""
-    from runtime.appdir import find_data_dir
-    from runtime.cpu import probe
-    from runtime.tiers import load_platform, select
+    from runtime.platform.appdir import find_data_dir
+    from runtime.platform.cpu import probe
+    from runtime.platform.tiers import load_platform, select
 
     package = load_package(package_dir)
     if variant is not None:
@@ -178,7 +179,7 @@ def run_export(args: Any) -> int:
     """`python -m models export --triton DIR [--model PKG] [--variant V] [--max-batch-size N]`."""
     import sys
 
-    from runtime.appdir import default_model_dir
+    from runtime.platform.appdir import default_model_dir
 
     if args.max_batch_size < 1:
         print("error: --max-batch-size must be at least 1", file=sys.stderr)

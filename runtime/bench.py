@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from runtime.engine import Engine
-from runtime.package import read_golden
-from runtime.service import percentile
-from runtime.text import Encoded
+from runtime.engine.engine import Engine
+from runtime.engine.text import Encoded
+from runtime.package.load import read_golden
+from runtime.serve.service import percentile
 
 SHORT_TOKENS = 16
 LONG_TOKENS = 128

@@ -1,8 +1,8 @@
 """Command line: `decide [serve]`, `decide info`, `decide selftest`, `decide bench`, `decide score`.
 
-Order matters: arguments → CPU probe → tier choice → numeric stack (runtime.stack: which numpy
+Order matters: arguments → CPU probe → tier choice → numeric stack (runtime.platform.stack: which numpy
 goes first on sys.path) → package manifest, all stdlib; only then are numpy/onnxruntime imported
-(runtime.engine). A CPU below the baseline tier, or a tier whose numeric stack is missing, is
+(runtime.engine.engine). A CPU below the baseline tier, or a tier whose numeric stack is missing, is
 refused with one line on stderr and EXIT_CPU_UNSUPPORTED before anything could die with
 "Illegal instruction".
 """
@@ -14,19 +14,39 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runtime import __version__, classifier, signing
-from runtime.appdir import DEFAULT_MODEL, default_model_dir, find_data_dir
-from runtime.classifier import Setup
-from runtime.cpu import probe
-from runtime.framing import OutputFailed
+from runtime.engine import classifier
+from runtime.engine.classifier import Setup
+from runtime.engine.startup import (
+    ENV_MODEL,
+    ENV_TIER,
+    ENV_VARIANT,
+    UsageError,
+    load_engine,
+    model_dir,
+    overrides,
+    prepare,
+)
+from runtime.exits import (
+    EXIT_CPU_UNSUPPORTED,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_OUTPUT_FAILED,
+    EXIT_PACKAGE,
+    EXIT_SELFTEST_FAILED,
+    EXIT_USAGE,
+)
 from runtime.logs import configure_logging
-from runtime.package import PackageError, load_package
-from runtime.protocol import DEFAULT_MAX_BATCH, DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_TEXTS
-from runtime.stack import LegacyStackMissing, stack_for
-from runtime.tiers import (
+from runtime.package import signing
+from runtime.package.load import PackageError, load_package
+from runtime.platform.appdir import DEFAULT_MODEL, find_data_dir
+from runtime.platform.cpu import probe
+from runtime.platform.stack import LegacyStackMissing, stack_for
+from runtime.platform.tiers import (
     CpuUnsupported,
     NoUsableVariant,
     OverrideError,
@@ -35,27 +55,15 @@ from runtime.tiers import (
     load_platform,
     select,
 )
-
-EXIT_OK = 0
-EXIT_INTERNAL = 1  # a bug: one stderr line (DECIDE_DEBUG=1 adds the traceback)
-EXIT_USAGE = 2  # bad arguments, or an override this CPU/package cannot honour
-EXIT_CPU_UNSUPPORTED = 3
-EXIT_PACKAGE = 4  # model package (or platforms/*.json) missing, malformed, checksum mismatch, unsigned
-# or wrongly signed while trusted keys are configured, no usable variant
-EXIT_SELFTEST_FAILED = 5
-EXIT_OUTPUT_FAILED = 6  # stdout cannot take the answers (full disk, closed, bad fd); not EPIPE
-EXIT_INTERRUPTED = 130  # a stop signal (Ctrl-C, SIGTERM, SIGQUIT) before serving started
+from runtime.protocol import DEFAULT_MAX_BATCH, DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_TEXTS
+from runtime.serve.framing import OutputFailed
+from runtime.version import __version__
 
 COMMANDS = ("serve", "info", "selftest", "bench", "score")
-SWAP_COMMANDS = ("reload", "rollback")  # clients of a running socket service (runtime/swapclient.py)
-ENV_MODEL, ENV_TIER, ENV_VARIANT = "DECIDE_MODEL", "DECIDE_TIER", "DECIDE_VARIANT"
+SWAP_COMMANDS = ("reload", "rollback")  # clients of a running socket service (runtime/serve/swapclient.py)
 ENV_DEBUG = "DECIDE_DEBUG"
 
 log = logging.getLogger("decide")
-
-
-class UsageError(Exception):
-    """Arguments that parse but make no sense."""
 
 
 def build_parser(command: str) -> argparse.ArgumentParser:
@@ -104,11 +112,11 @@ def build_parser(command: str) -> argparse.ArgumentParser:
                                  "after checking, warming and self-testing it in the background")
         parser.add_argument("--watch-interval", type=float, default=2.0, metavar="SECONDS",
                             help="how often --watch looks (default 2)")
-        from runtime import server  # stdlib only, like this module
+        from runtime.serve import server  # stdlib only, like this module
 
         server.add_arguments(parser)
     if command == "score":
-        from runtime import score  # stdlib only until it loads the model
+        from runtime.score import job as score  # stdlib only until it loads the model
 
         score.add_arguments(parser)
     if command in ("info", "selftest", "bench"):
@@ -128,38 +136,15 @@ def split_command(argv: list[str]) -> tuple[str, list[str]]:
     return "serve", argv
 
 
-def model_dir(args: argparse.Namespace) -> Path:
-    """--model, else $DECIDE_MODEL, else the default package next to the app."""
-    if args.model is not None:
-        return args.model
-    if os.environ.get(ENV_MODEL):
-        return Path(os.environ[ENV_MODEL])
-    return default_model_dir()
-
-
-def overrides(args: argparse.Namespace) -> tuple[str | None, str | None]:
-    """(tier, variant) forced by flags or, failing that, by DECIDE_TIER/DECIDE_VARIANT."""
-    return (args.tier or os.environ.get(ENV_TIER) or None, args.variant or os.environ.get(ENV_VARIANT) or None)
-
-
-def prepare(args: argparse.Namespace) -> Setup:
-    """CPU → tier → package → variant (runtime.classifier.prepare) from the command line."""
-    for flag in ("threads", "workers"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise UsageError(f"--{flag} must be at least 1")
-    return classifier.prepare(model_dir(args), *overrides(args), threads=args.threads, workers=args.workers,
-                              trust_keys=getattr(args, "trust_key", ()))  # a caller-made Namespace may lack it
-
-
-def load_engine(setup: Setup, args: argparse.Namespace, variant: str | None = None,
-                max_batch: int = DEFAULT_MAX_BATCH):
-    """Import the numeric stack (only now) and build the warmed engine."""
-    return classifier.load_engine(setup, variant, max_batch, spin=args.spin)
+def warm(args: argparse.Namespace) -> Callable[[Setup], Any]:
+    """The command's way to make a Setup's warm engine, for the swap's candidates (runtime/candidate.py).
+    It looks `load_engine` up when called, so a caller that replaced it (a test's slow loader) is used."""
+    return lambda setup: load_engine(setup, args, max_batch=args.max_batch)
 
 
 def watcher_for(args: argparse.Namespace):
     """The --watch directory's watcher (None without --watch), checked before the model loads."""
-    from runtime.watch import watcher_for as make
+    from runtime.package.watch import watcher_for as make
 
     try:
         return make(args.watch, args.watch_interval)
@@ -169,8 +154,8 @@ def watcher_for(args: argparse.Namespace):
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve JSON lines on stdin/stdout."""
-    from runtime import server, signals, stdio
     from runtime.protocol import Limits
+    from runtime.serve import server, signals, stdio
 
     if args.max_line_bytes < 1 or args.max_texts < 1 or args.max_batch < 1:
         raise UsageError("--max-line-bytes, --max-texts and --max-batch must be at least 1")
@@ -184,14 +169,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     setup = prepare(args)
     watcher = watcher_for(args)
     from runtime import candidate
-    from runtime.service import Service, TransportHooks
-    from runtime.swap import Swapper
+    from runtime.serve.service import Service, TransportHooks
+    from runtime.serve.swap import Swapper
 
     limits = Limits(max_line_bytes=args.max_line_bytes, max_texts=args.max_texts)
     service = Service(None, limits, info={"tier": setup.choice.tier.name, "arch": setup.features.arch},
                       min_score=args.min_score)
-    swapper = Swapper(service, lambda path: candidate.build(setup, args, setup.trusted, path),
-                      candidate.initial(setup, args))
+    swapper = Swapper(service, lambda path: candidate.build(setup, args, warm(args), setup.trusted, path),
+                      candidate.initial(setup, warm(args)))
     service.hooks = TransportHooks(info=lambda: {"swap": swapper.to_json()},
                                    stats=lambda: {"swap": swapper.stats_json()})
     engine = swapper.current.engine
@@ -203,10 +188,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def serve_socket(args: argparse.Namespace, wire: int) -> int:
     """`serve --socket PATH | --tcp HOST:PORT`: check and bind first, then load the model inside the
-    server (health answers "loading" meanwhile); see runtime/server.py."""
-    from runtime import candidate, server
+    server (health answers "loading" meanwhile); see runtime/serve/server.py."""
+    from runtime import candidate
     from runtime.protocol import Limits
-    from runtime.service import Service  # stdlib only until an engine is attached
+    from runtime.serve import server
+    from runtime.serve.service import Service  # stdlib only until an engine is attached
 
     limits = Limits(max_line_bytes=args.max_line_bytes, max_texts=args.max_texts)
     try:
@@ -218,9 +204,10 @@ def serve_socket(args: argparse.Namespace, wire: int) -> int:
     service = Service(None, limits, info={"tier": setup.choice.tier.name, "arch": setup.features.arch},
                       min_score=args.min_score)
     try:
-        return server.run(config, service, lambda: candidate.initial(setup, args),
+        return server.run(config, service, lambda: candidate.initial(setup, warm(args)),
                           ready_wire=wire if args.ready else None,
-                          rebuild=lambda path: candidate.build(setup, args, setup.trusted, path), watcher=watcher)
+                          rebuild=lambda path: candidate.build(setup, args, warm(args), setup.trusted, path),
+                          watcher=watcher)
     except server.ListenError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -389,8 +376,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    """File in, file of answers out (runtime/score.py)."""
-    from runtime import score
+    """File in, file of answers out (runtime/score/job.py)."""
+    from runtime.score import job as score
 
     return score.run(args)
 
@@ -402,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the process exit code (see README)."""
     command, rest = split_command(list(sys.argv[1:] if argv is None else argv))
     if command in SWAP_COMMANDS:
-        from runtime import swapclient
+        from runtime.serve import swapclient
 
         return swapclient.main(command, rest)
     args = build_parser(command).parse_args(rest)  # exits 2 on bad arguments

@@ -6,7 +6,7 @@ A request line (bytes) becomes a typed request or an `ErrorReply` value; respons
 Requests:  {"id": <scalar, optional>, "text": "..."}  or  {"id": …, "texts": ["...", …]}
 Control:   {"id": …, "op": "health" | "info" | "stats"}
 Swap:      {"id": …, "op": "reload", "model": "/absolute/package/dir" (optional)}, {"op": "rollback"}
-           (socket service, owner uid only: runtime/swap.py)
+           (socket service, owner uid only: runtime/serve/swap.py)
 Errors:    {"id": …, "error": {"code": "<one of ERROR_CODES>", "message": "..."}}
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from runtime.abstain import Decision
+    from runtime.package.abstain import Decision
 
 JsonScalar = str | int | float | bool | None
 
@@ -82,7 +82,7 @@ class LineTooLong:
 class ClassifyRequest:
     """Texts to classify; `single` = sent as "text" (answer with one result, not a list).
     `clipped[i]` is True when the Service cut texts[i] to the model's character budget on
-    arrival (runtime.text.max_text_chars); empty = nothing was cut."""
+    arrival (runtime.engine.text.max_text_chars); empty = nothing was cut."""
 
     id: JsonScalar
     texts: tuple[str, ...]

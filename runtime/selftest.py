@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.engine import Engine
-from runtime.package import read_golden
+from runtime.engine.engine import Engine
+from runtime.package.load import read_golden
 from runtime.protocol import INVALID_JSON
-from runtime.service import Service
+from runtime.serve.service import Service
 
 
 @dataclass(frozen=True)

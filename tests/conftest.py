@@ -12,7 +12,7 @@ import pytest
 from fixtures import tiny_package  # tests/ is on sys.path: pytest's rootdir-relative import
 from strict_mode import pytest_runtest_makereport  # noqa: F401  (the hook, registered here)
 
-from runtime.appdir import DEFAULT_MODEL
+from runtime.platform.appdir import DEFAULT_MODEL
 
 REPO = Path(__file__).resolve().parent.parent
 REAL_MODEL = REPO / DEFAULT_MODEL
@@ -34,9 +34,9 @@ def tiny_scoped_package_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def host_tier():
     """The tier decide picks on this machine: expectations that depend on the CPU's kernels (an
     int8 variant's own outputs) are keyed by the variants this tier serves."""
-    from runtime.appdir import find_data_dir
-    from runtime.cpu import probe
-    from runtime.tiers import load_platform, select
+    from runtime.platform.appdir import find_data_dir
+    from runtime.platform.cpu import probe
+    from runtime.platform.tiers import load_platform, select
 
     features = probe()
     return select(features, load_platform(find_data_dir("platforms"), features.arch), None).tier

@@ -1,4 +1,4 @@
-"""Abstention: an answer the model cannot stand behind says so, with its reason (runtime/abstain.py).
+"""Abstention: an answer the model cannot stand behind says so, with its reason (runtime/package/abstain.py).
 
 Requests go in through the Service as a transport hands them over; the tiny scoped package has
 a negative label `other` and a novelty output, the plain one has neither.
@@ -12,11 +12,11 @@ import shutil
 import pytest
 from fixtures import tiny_package
 
-from runtime.abstain import AbstentionPolicy, decide
-from runtime.engine import Engine
-from runtime.package import MANIFEST_NAME, PackageError, load_package
-from runtime.service import Service
-from runtime.text import unknown_share
+from runtime.engine.engine import Engine
+from runtime.engine.text import unknown_share
+from runtime.package.abstain import AbstentionPolicy, decide
+from runtime.package.load import MANIFEST_NAME, PackageError, load_package
+from runtime.serve.service import Service
 
 
 def answers(package_dir, *texts, min_score=None, variant="fp32"):

@@ -90,10 +90,10 @@ def test_pytorch_contender_computes_what_the_package_computes(real_model_dir: Pa
     from tokenizers import Tokenizer
 
     from benchmarks.torch_model import dynamic_int8, torch_classifier, torch_logits
-    from models.calibration import softmax_t as softmax
-    from models.evaluate import classify_probs, uncalibrated
-    from runtime.engine import Engine
-    from runtime.package import load_package, read_golden
+    from models.gate.calibration import softmax_t as softmax
+    from models.gate.measure import classify_probs, uncalibrated
+    from runtime.engine.engine import Engine
+    from runtime.package.load import load_package, read_golden
 
     package = load_package(real_model_dir)
     texts = [g["text"] for g in read_golden(package)]

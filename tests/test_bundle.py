@@ -32,7 +32,7 @@ from bundle_spec.common import (
     version_tuple,
 )
 from bundle_spec.root import BuildRoot, ensure_clean_root, host_debian_mirrors
-from runtime.package import sha256_file
+from runtime.package.load import sha256_file
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_NAME = MODEL_DIR.name

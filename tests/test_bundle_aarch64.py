@@ -19,7 +19,7 @@ from bundle_spec import elf, matrix
 from bundle_spec.common import ARCHES, DEFAULT_MAX_GLIBC, version_tuple
 from bundle_spec.python import check_extension_modules
 from bundle_spec.root import BuildRoot
-from runtime.package import sha256_file
+from runtime.package.load import sha256_file
 
 pytestmark = pytest.mark.heavy
 

@@ -204,7 +204,8 @@ def test_model_copy_takes_exactly_the_manifest_files(tiny_package_dir: Path, tmp
 def test_model_without_an_int8_variant_is_refused(tiny_package_dir: Path, tmp_path: Path) -> None:
     import dataclasses
 
-    from runtime.package import load_package, write_manifest
+    from runtime.package.load import load_package
+    from runtime.package.manifest import write_manifest
 
     source = tmp_path / "source"
     shutil.copytree(tiny_package_dir, source)

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from fixtures.child import after_shell
 
-from runtime import cgroup, cli
-from runtime.cgroup import (
+from runtime import cli
+from runtime.platform import cgroup
+from runtime.platform.cgroup import (
     affinity_cores,
     cgroup_quota,
     cpu_budget,

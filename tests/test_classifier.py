@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from runtime import Answer, Classifier
-from runtime.engine import Engine
-from runtime.package import load_package
-from runtime.service import Service
+from runtime.engine.engine import Engine
+from runtime.package.load import load_package
+from runtime.serve.service import Service
 
 REPO = Path(__file__).resolve().parent.parent
 TEXTS = ["rain and wind", "hello and thanks for the lunch", "the a is and", "rain zzkq wqxx qqqq", "rain goal",
@@ -49,7 +49,7 @@ def test_texts_the_protocol_refuses_are_refused_before_anything_runs(tiny_packag
 
 
 def test_the_cpu_is_probed_before_numpy_is_imported(tiny_package_dir):
-    code = ("import sys\nfrom runtime import Classifier\nfrom runtime.tiers import CpuUnsupported\n"
+    code = ("import sys\nfrom runtime import Classifier\nfrom runtime.platform.tiers import CpuUnsupported\n"
             "try:\n    Classifier.load(sys.argv[1])\nexcept CpuUnsupported as exc:\n"
             "    print('refused', 'numpy' in sys.modules, 'onnxruntime' in sys.modules, exc)\n")
     done = subprocess.run([sys.executable, "-c", code, str(tiny_package_dir)], cwd=REPO, capture_output=True,

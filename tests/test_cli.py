@@ -96,7 +96,8 @@ def test_selftest_passes_on_every_variant(tiny_package_dir):
 def test_selftest_failure_exits_5(tiny_package_dir, tmp_path):
     import dataclasses
 
-    from runtime.package import file_entry, load_package, write_manifest
+    from runtime.package.load import file_entry, load_package
+    from runtime.package.manifest import write_manifest
 
     copy = shutil.copytree(tiny_package_dir, tmp_path / "pkg")
     golden = copy / "golden.jsonl"
@@ -165,7 +166,7 @@ def test_reports_to_a_full_or_closed_stdout_exit_6_with_one_line(tiny_package_di
 
 def test_a_bundle_of_another_model_finds_it_without_model(tiny_package_dir, tmp_path, monkeypatch):
     """build.py --model DIR puts the package at models/<name>: the app must serve it by default."""
-    from runtime import appdir
+    from runtime.platform import appdir
 
     app = tmp_path / "app"
     shutil.copytree(tiny_package_dir, app / "models" / "my-alarms")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from cpuinfo import cpuinfo
 
-from runtime.cgroup import CpuBudget, cpu_budget
-from runtime.cpu import (
+from runtime.platform.cgroup import CpuBudget, cpu_budget
+from runtime.platform.cpu import (
     CpuFeatures,
     drop_unusable_vector_flags,
     hwcap_flags,
@@ -21,7 +21,7 @@ from runtime.cpu import (
     probe,
     x86_flags_from,
 )
-from runtime.tiers import load_platform, select
+from runtime.platform.tiers import load_platform, select
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,7 +69,7 @@ def test_real_probe_matches_this_machine(monkeypatch):
 
 
 def test_probe_imports_no_numeric_stack():
-    code = "import sys; from runtime.cpu import probe; probe(); print('numpy' in sys.modules, 'onnxruntime' in sys.modules)"
+    code = "import sys; from runtime.platform.cpu import probe; probe(); print('numpy' in sys.modules, 'onnxruntime' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 
@@ -89,7 +89,7 @@ Registers = tuple[int, int, int, int]  # eax, ebx, ecx, edx
 class FakeCpuid(cpuinfo.CPUID):
     """py-cpuinfo's CPUID class with the instruction replaced by a table of leaves.
 
-    It interprets the machine-code snippets py-cpuinfo (and runtime.cpu) pass to `_run_asm`
+    It interprets the machine-code snippets py-cpuinfo (and runtime.platform.cpu) pass to `_run_asm`
     (mov/xor into eax/ecx, cpuid, xgetbv, mov from ebx/ecx/edx, ret) and answers like an Intel
     CPU: a basic leaf above CPUID(0).EAX returns the highest basic leaf's registers.
     """
@@ -202,7 +202,7 @@ def test_emulated_cpu_with_low_basic_leaf_gets_no_leaf7_flags(model: str):
     except qemu_user.EmulationUnavailable as exc:
         pytest.skip(str(exc))
     code = ("import json; from cpuinfo import cpuinfo; "
-            "from runtime.cpu import probe; c = cpuinfo.CPUID(); "
+            "from runtime.platform.cpu import probe; c = cpuinfo.CPUID(); "
             "print(json.dumps([sorted(probe().flags), c.get_flags(c.get_max_extension_support())]))")
     # `python -c` imports from its working directory: the repository's runtime/.
     done = qemu_user.run_emulated([str(Path(sys.executable).resolve()), "-c", code], "x86_64", model,

@@ -1,4 +1,4 @@
-"""Feature distillation (models/distill.py): the MeanFeatureHead classifier trains, exports and caches as claimed."""
+"""Feature distillation (models/training/distill.py): the MeanFeatureHead classifier trains, exports and caches as claimed."""
 
 import numpy as np
 import pytest
@@ -7,9 +7,9 @@ torch = pytest.importorskip("torch")
 
 from transformers import BertConfig, BertModel
 
-from models.classifier import MeanFeatureHead, TextClassifier
-from models.distill import cached_teacher_features, distill, fit_linear, student_features
-from models.recipes import DistillConfig
+from models.data.recipes import DistillConfig
+from models.training.classifier import MeanFeatureHead, TextClassifier
+from models.training.distill import cached_teacher_features, distill, fit_linear, student_features
 
 PAD = 1
 
@@ -58,7 +58,7 @@ def test_distillation_moves_student_features_towards_the_teacher():
 def test_exported_graph_computes_what_torch_does(tmp_path):
     import onnxruntime as ort
 
-    from models.export import export_fp32_graph
+    from models.export.fp32 import export_fp32_graph
 
     model = tiny_student()
     seqs = sequences(6, np.random.default_rng(2))
@@ -73,7 +73,7 @@ def test_exported_graph_computes_what_torch_does(tmp_path):
 
 def test_teacher_features_are_cached_per_text(tmp_path, monkeypatch):
     monkeypatch.setenv("DECIDE_FACTORY_CACHE", str(tmp_path))
-    import models.distill as distill_module
+    import models.training.distill as distill_module
 
     calls = []
 
@@ -91,8 +91,8 @@ def test_teacher_features_are_cached_per_text(tmp_path, monkeypatch):
 def test_a_student_with_a_narrower_feed_forward_keeps_its_strongest_neurons_and_exports(tmp_path):
     import onnxruntime as ort
 
-    from models.classifier import prune_ffn
-    from models.export import export_fp32_graph
+    from models.export.fp32 import export_fp32_graph
+    from models.training.classifier import prune_ffn
 
     model = tiny_student()
     layer = model.encoder.encoder.layer[0]

@@ -8,9 +8,9 @@ import shutil
 import numpy as np
 import pytest
 
-from runtime.batching import PlannedBatch, plan_batches, spread_batches
-from runtime.engine import Engine, EngineLimits, SessionSettings
-from runtime.package import PackageError, load_package, read_golden
+from runtime.engine.batching import PlannedBatch, plan_batches, spread_batches
+from runtime.engine.engine import Engine, EngineLimits, SessionSettings
+from runtime.package.load import PackageError, load_package, read_golden
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def test_unknown_variant_is_refused(tiny_package_dir):
 
 
 def test_spinning_flag_reaches_session_options():
-    from runtime.engine import session_options
+    from runtime.engine.engine import session_options
 
     assert session_options(SessionSettings(spinning=False)).get_session_config_entry(
         "session.intra_op.allow_spinning") == "0"

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.appdir import DEFAULT_MODEL
-from runtime.package import load_package, read_golden, verify_files
+from runtime.package.load import load_package, read_golden, verify_files
+from runtime.platform.appdir import DEFAULT_MODEL
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_PACKAGE = REPO / DEFAULT_MODEL
@@ -80,7 +80,7 @@ def test_committed_default_package_reproduces_its_golden_set():
 
 def test_tiny_factory_run_produces_a_loadable_package(tmp_path, monkeypatch):
     pytest.importorskip("torch")
-    from models.recipes import TrainConfig, load_recipe
+    from models.data.recipes import TrainConfig, load_recipe
     from models.train import train_package
 
     monkeypatch.setenv("DECIDE_FACTORY_CACHE", str(tmp_path / "cache"))
@@ -111,7 +111,7 @@ def test_tiny_factory_run_produces_a_loadable_package(tmp_path, monkeypatch):
 def test_report_reads_every_variant_of_the_committed_default():
     if not (DEFAULT_PACKAGE / "manifest.json").is_file():
         pytest.skip("default package not built yet")
-    from models.report import manifest_report
+    from models.evaluate.report import manifest_report
 
     report = manifest_report(DEFAULT_PACKAGE)
     package = load_package(DEFAULT_PACKAGE)

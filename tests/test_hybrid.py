@@ -1,4 +1,4 @@
-"""The conv-attention hybrid student (models/hybrid.py) and the pooled head (models/heads.py): padding never
+"""The conv-attention hybrid student (models/training/hybrid.py) and the pooled head (models/training/heads.py): padding never
 changes an answer, the ONNX graph computes what torch does with the ops it should, int8 is deterministic."""
 
 import numpy as np
@@ -8,9 +8,9 @@ torch = pytest.importorskip("torch")
 
 from transformers import BertConfig
 
-from models.classifier import BlockQuantizedEmbedding, MeanFeatureHead
-from models.hybrid import HybridClassifier
-from models.student_arch import HybridShape, parse_student_arch, spread_layers
+from models.data.student_arch import HybridShape, parse_student_arch, spread_layers
+from models.training.classifier import BlockQuantizedEmbedding, MeanFeatureHead
+from models.training.hybrid import HybridClassifier
 
 PAD = 1
 VOCAB = 60
@@ -53,7 +53,7 @@ def session_for(path):
 
 
 def logits_alone_and_padded(model, seqs):
-    from models.loops import pad_tensors
+    from models.training.loops import pad_tensors
 
     alone = np.stack([model(torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))[0].detach().numpy()
                       for s in seqs])
@@ -88,7 +88,7 @@ def test_without_the_mask_before_the_convolution_padding_would_leak():
 def test_exported_graph_computes_what_torch_does_with_fused_attention_and_depthwise_conv(tmp_path, fusion):
     import onnx
 
-    from models.export import export_fp32_graph
+    from models.export.fp32 import export_fp32_graph
 
     model = tiny_hybrid(fusion)
     seqs = sequences(8, np.random.default_rng(2))
@@ -107,8 +107,8 @@ def test_exported_graph_computes_what_torch_does_with_fused_attention_and_depthw
 def test_int8_answers_do_not_depend_on_batch_mates(tmp_path):
     import onnx
 
-    from models.export import export_fp32_graph
-    from models.quantize import quantize_variants
+    from models.export.fp32 import export_fp32_graph
+    from models.quantize.int8 import quantize_variants
 
     model = tiny_hybrid("gated")
     rng = np.random.default_rng(3)
@@ -126,8 +126,8 @@ def test_int8_answers_do_not_depend_on_batch_mates(tmp_path):
 
 
 def test_pooled_head_learns_and_its_folded_standardisation_is_exact():
-    from models.heads import fit_pooled_head, pool, pooled_inputs
-    from models.recipes import DistillConfig
+    from models.data.recipes import DistillConfig
+    from models.training.heads import fit_pooled_head, pool, pooled_inputs
 
     model = tiny_hybrid()
     rng = np.random.default_rng(4)
@@ -151,8 +151,8 @@ def test_pooled_head_learns_and_its_folded_standardisation_is_exact():
 
 
 def test_the_hybrid_trains_towards_teacher_features():
-    from models.distill import distill, fit_linear, student_features
-    from models.recipes import DistillConfig
+    from models.data.recipes import DistillConfig
+    from models.training.distill import distill, fit_linear, student_features
 
     model = tiny_hybrid()
     assert isinstance(model.head, MeanFeatureHead) and model.head.tap == 2  # tapped after the conv stack
@@ -188,7 +188,7 @@ def test_student_arch_is_checked_and_defaults_spread_over_e5():
 def test_recipes_refuse_a_hybrid_or_head_where_it_cannot_apply():
     from dataclasses import asdict
 
-    from models.recipes import load_recipe, recipe_from_dict
+    from models.data.recipes import load_recipe, recipe_from_dict
 
     base = asdict(load_recipe("machine-alarms"))
     hybrid = {"kind": "hybrid", "conv_layers": 2, "attention_layers": 1}

@@ -6,7 +6,7 @@ baseline is SSE3, and the pinned onnxruntime 1.32 wheel (built against the numpy
 numpy>=1.21.6) runs with it there, FP32 and int8 alike. So the legacy stack needs no second
 onnxruntime (ORT 1.16.3, the other candidate, works too but would add +21 MB zipped).
 
-Decision (issue 5): the `baseline` tier of platforms/x86_64.json uses it (runtime/stack.py); the
+Decision (issue 5): the `baseline` tier of platforms/x86_64.json uses it (runtime/platform/stack.py); the
 frozen bundle ships it in _internal/legacy (build.py, about +17 MB zipped), proven by
 tests/test_matrix.py's Conroe cell. Here, from source: `python -m runtime` on emulated Conroe
 picks the baseline tier and the legacy numpy by itself, and refuses with exit 3 naming
@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from bundle_spec import qemu_user
-from runtime.stack import ENV_LEGACY_PATH, LEGACY_NUMPY
+from runtime.platform.stack import ENV_LEGACY_PATH, LEGACY_NUMPY
 
 CACHE = Path.home() / ".cache" / "decide-build" / "legacy"
 REPO = Path(__file__).resolve().parent.parent

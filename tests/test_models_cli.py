@@ -22,7 +22,12 @@ from fixtures.factory_cli import (
     run_without_torch,
 )
 
-from models.userdata import MIN_EXAMPLES_PER_LABEL, DataError, read_labelled_file, split_examples
+from models.data.userdata import (
+    MIN_EXAMPLES_PER_LABEL,
+    DataError,
+    read_labelled_file,
+    split_examples,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -50,7 +55,7 @@ TINY_ROWS = {
 # the default recipe's path (feature distillation from frozen e5), shrunk: a 2-layer student, 3,000 pieces
 TINY_SETTINGS = {"student_layers": [0, 1], "vocab_budget": 3000, "golden_count": 6, "distill_augment": 0,
                  "feature_distill": {"epochs": 3, "batch_size": 8, "lr": 3e-4, "head_reg": 1e-3}}
-# the conv-attention hybrid (models/hybrid.py) with the pooled head, feature-distilled from frozen e5: same budget;
+# the conv-attention hybrid (models/training/hybrid.py) with the pooled head, feature-distilled from frozen e5: same budget;
 # every int8 variant asked for (publish makes the ones this machine's tier serves)
 TINY_HYBRID_SETTINGS = {"student_layers": None, "vocab_budget": 3000, "golden_count": 6, "distill_augment": 0,
                         "feature_distill": {"epochs": 3, "batch_size": 8, "lr": 1e-3},
@@ -194,7 +199,7 @@ def test_a_fixed_margin_is_checked_before_training(tmp_path, settings, word):
 def test_the_default_recipes_margin_is_fixed_and_kept_apart_from_the_cache_key():
     from dataclasses import replace
 
-    from models.recipes import load_recipe
+    from models.data.recipes import load_recipe
 
     recipe = load_recipe("machine-alarms")
     assert recipe.negative_margin is not None and not recipe.scope_flag_target
@@ -205,7 +210,7 @@ def test_the_default_recipes_margin_is_fixed_and_kept_apart_from_the_cache_key()
 def test_a_users_model_has_no_novelty_score_without_validation_files_of_its_own():
     from dataclasses import replace
 
-    from models.recipes import load_recipe
+    from models.data.recipes import load_recipe
     from models.train import novelty_rate
 
     default = load_recipe("default")  # what `train --data FILE` starts from
@@ -312,8 +317,8 @@ def test_a_recipe_joins_its_extra_data_files(tmp_path):
     # a text under two labels across files is dropped like within one file
     from dataclasses import replace
 
-    from models.recipe_data import load_examples
-    from models.recipes import load_recipe
+    from models.data.recipe_data import load_examples
+    from models.data.recipes import load_recipe
 
     main = write_csv(tmp_path / "main.csv", [[f"motor {i} hot", "overheating", "en"] for i in range(4)]
                      + [[f"pump {i} leaks", "leak", "en"] for i in range(4)] + [["odd one", "leak", "en"]])
@@ -346,8 +351,8 @@ def test_validation_files_join_the_validation_split_only(tmp_path):
     # is left out; a label the training data lacks is refused; the files' contents key the checkpoint
     from dataclasses import replace
 
-    from models.recipe_data import load_examples, recipe_splits
-    from models.recipes import load_recipe
+    from models.data.recipe_data import load_examples, recipe_splits
+    from models.data.recipes import load_recipe
 
     main = write_csv(tmp_path / "main.csv", [[f"motor {i} hot", "overheating", "en"] for i in range(12)]
                      + [[f"pump {i} leaks", "leak", "en"] for i in range(12)]
@@ -467,7 +472,7 @@ def requantized_copy(package: Path, tmp_path: Path) -> Path:
 
 
 def test_requantize_makes_the_int8_variants_again_from_the_same_fp32_graph(tiny_package, tmp_path):
-    from runtime.package import load_package, verify_files, verify_golden_file
+    from runtime.package.load import load_package, verify_files, verify_golden_file
 
     out, _ = tiny_package
     copy = requantized_copy(out, tmp_path)
@@ -494,8 +499,8 @@ def test_evaluate_json_matches_the_runtime(tiny_package):
     fp32 = report["variants"]["fp32"]
     assert report["examples"] == 48 and set(fp32["by_language"]) == {"de", "en"}
     # the accuracy is what the runtime's engine answers on the same texts
-    from runtime.engine import Engine
-    from runtime.package import load_package
+    from runtime.engine.engine import Engine
+    from runtime.package.load import load_package
 
     engine = Engine(load_package(out), "fp32")
     rows = tiny_rows()
@@ -506,7 +511,7 @@ def test_evaluate_json_matches_the_runtime(tiny_package):
     assert coverage == sorted(coverage, reverse=True)
     # ECE is that of the scores the runtime answers (temperature applied once); the uncalibrated
     # figure is that of the same engine without the temperature
-    from models.calibration import expected_calibration_error
+    from models.gate.calibration import expected_calibration_error
 
     y = np.array([engine.labels.index(label) for _, label, _ in rows])
     calibrated = np.array([a.probs for a in answers])
@@ -558,7 +563,7 @@ def test_split_gives_every_language_its_share(tmp_path):
 
 def test_an_int8_variant_evaluated_alone_shows_no_agreement_with_fp32():
     # `evaluate --variant int8-…` runs no FP32 to compare with: the table says "–", not 100 %
-    from models.evaluate import format_evaluation
+    from models.evaluate.evaluate import format_evaluation
 
     def variant(accuracy, agreement=None):
         result = {"accuracy": accuracy, "macro_f1": accuracy, "recall": {"leak": accuracy}, "confusions": [],
@@ -679,7 +684,7 @@ def test_negatives_named_like_a_case_label_are_refused_before_training(tmp_path)
 
 def test_a_tiny_hybrid_trains_packages_and_selftests_every_variant(tmp_path):
     pytest.importorskip("torch")
-    from models.publish import host_tier
+    from models.publish.publish import host_tier
 
     data = write_csv(tmp_path / "alarms.csv", tiny_rows())
     settings = tmp_path / "hybrid.json"
@@ -700,7 +705,7 @@ def test_a_tiny_hybrid_trains_packages_and_selftests_every_variant(tmp_path):
     assert {"Conv", "Attention"} <= ops
     # publish makes the int8 variants this machine's tier serves and those exact on every kernel (u8u8,
     # u8s7), says why not the others (u8s8 on x86 without VNNI)
-    from models.quantize import VARIANTS_BY_NAME
+    from models.quantize.int8 import VARIANTS_BY_NAME
 
     host = host_tier()
     rejected = manifest["provenance"]["rejected_variants"]

@@ -127,8 +127,8 @@ def test_import_gives_the_transformers_probabilities(tmp_path, architecture):
         rows = [i for i in graph.graph.initializer if list(i.dims)[:1] == [vocab_rows]]
         assert len(rows) == 1 and rows[0].data_location == onnx.TensorProto.EXTERNAL and not rows[0].raw_data
 
-    from runtime.engine import Engine
-    from runtime.package import load_package
+    from runtime.engine.engine import Engine
+    from runtime.package.load import load_package
 
     package = load_package(out)
     texts = TEXTS + VARIED

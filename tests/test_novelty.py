@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from models.novelty import add_novelty_output, fit_novelty, logits_input, threshold_for
+from models.publish.novelty import add_novelty_output, fit_novelty, logits_input, threshold_for
 
 
 def linear_graph(weight: np.ndarray, bias: np.ndarray) -> onnx.ModelProto:

@@ -27,7 +27,7 @@ from offline_runs import (
 )
 from syscall_trace import strace, traced, violations
 
-from runtime.offline import TELEMETRY_VARIABLE, keep_offline, telemetry_allowed
+from runtime.platform.offline import TELEMETRY_VARIABLE, keep_offline, telemetry_allowed
 
 REPO = Path(__file__).resolve().parent.parent
 SCORE_RECORDS = 210

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from runtime.package import PackageError, load_package, read_golden, verify_files
+from runtime.package.load import PackageError, load_package, read_golden, verify_files
 
 
 def test_tiny_package_round_trips_through_the_manifest(tiny_package_dir):

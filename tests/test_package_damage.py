@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.package import file_entry
+from runtime.package.load import file_entry
 
 REPO = Path(__file__).resolve().parent.parent
 

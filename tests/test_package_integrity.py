@@ -20,8 +20,8 @@ import onnx
 import pytest
 from fixtures.child import after_shell
 
-from runtime.manifest import MAX_LABEL_CHARS, read_manifest
-from runtime.package import PackageError, file_entry, load_package, write_manifest
+from runtime.package.load import PackageError, file_entry, load_package
+from runtime.package.manifest import MAX_LABEL_CHARS, read_manifest, write_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "not-for-your-eyes-" * 1000  # 18,000 bytes: neither the text nor its size may leak
@@ -187,7 +187,7 @@ def test_the_engine_checks_external_data_before_onnxruntime_opens_the_graph(pack
     relist(package, lambda data: data["variants"]["int8-u8u8"]["data_files"].append(
         file_entry(package, "evil.data").__dict__))
     external_graph(package, "evil.data")
-    from runtime import engine
+    from runtime.engine import engine
 
     opened = []
     monkeypatch.setattr(engine.ort, "InferenceSession", lambda *a, **k: opened.append(a))

@@ -41,11 +41,11 @@ def test_the_decide_console_script_is_the_cli() -> None:
 
 
 def test_only_the_legacy_stack_edits_sys_path() -> None:
-    """Tests and tools import the installed packages; runtime/stack.py's insert is the feature that
+    """Tests and tools import the installed packages; runtime/platform/stack.py's insert is the feature that
     puts numpy 1.26 first for CPUs below x86-64-v2."""
     editing = sorted(str(p.relative_to(REPO)) for p in python_sources()
                      if re.search(r"^\s*sys\.path\.(insert|append)\(", p.read_text(encoding="utf-8"), re.MULTILINE))
-    assert editing == ["runtime/stack.py"]
+    assert editing == ["runtime/platform/stack.py"]
 
 
 def test_no_module_outside_tests_imports_from_tests() -> None:

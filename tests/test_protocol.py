@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from runtime.engine import Engine
-from runtime.package import load_package
+from runtime.engine.engine import Engine
+from runtime.package.load import load_package
 from runtime.protocol import (
     ClassifyRequest,
     ControlRequest,
@@ -15,7 +15,7 @@ from runtime.protocol import (
     encode_line,
     parse_line,
 )
-from runtime.service import Service
+from runtime.serve.service import Service
 
 
 @pytest.mark.parametrize(
@@ -140,7 +140,7 @@ def test_model_failure_is_isolated_to_its_request(service, monkeypatch):
 
 
 def test_any_exception_while_parsing_a_line_becomes_that_lines_error(service, monkeypatch):
-    import runtime.service as service_module
+    import runtime.serve.service as service_module
 
     real_parse = service_module.parse_line
 
@@ -160,7 +160,7 @@ def test_any_exception_while_parsing_a_line_becomes_that_lines_error(service, mo
 
 
 def test_an_answer_that_cannot_be_encoded_becomes_internal_error(service, monkeypatch):
-    import runtime.service as service_module
+    import runtime.serve.service as service_module
 
     real_encode = service_module.encode_line
 
@@ -207,7 +207,7 @@ def test_over_long_texts_are_cut_before_the_tokenizer_and_say_truncated(service)
                               json.dumps({"id": 2, "text": one_long_word}),
                               json.dumps({"id": 3, "texts": ["goal", "y" * 3_000]}))
     # "x…x" is one unknown word: the model still leans to weather, but most of the text is
-    # unreadable to it, so it abstains (runtime/abstain.py).
+    # unreadable to it, so it abstains (runtime/package/abstain.py).
     assert (short["truncated"], short["leaning"], short["reason"]) == (False, "weather", "unreadable")
     assert (cut["truncated"], cut["leaning"], cut["reason"]) == (True, "weather", "unreadable")
     assert [r["truncated"] for r in many["results"]] == [False, True]

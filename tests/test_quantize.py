@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from models.quantize import (
+from models.quantize.int8 import (
     VARIANTS_BY_NAME,
     fp32_without_fp16_storage,
     quantize_dynamic_graph,
@@ -97,8 +97,8 @@ def test_the_batch_check_fails_for_per_call_scales(tmp_path):
 
 
 def test_real_model_int8_answers_do_not_depend_on_batch_mates(real_model_dir):
-    from runtime.engine import Engine
-    from runtime.package import load_package, read_golden
+    from runtime.engine.engine import Engine
+    from runtime.package.load import load_package, read_golden
 
     package = load_package(real_model_dir)
     texts = [g["text"] for g in read_golden(package)]
@@ -113,10 +113,10 @@ def test_real_model_int8_answers_do_not_depend_on_batch_mates(real_model_dir):
 
 @pytest.mark.parametrize("name", ["int8-u8s8", "int8-u8u8", "int8-u8s7"])
 def test_shared_weights_compute_exactly_what_the_stored_int8_weights_did(tmp_path, name):
-    # models/shared_weights.py: the int8 graph quantizes the FP32 graph's fp16 weights at load.
+    # models/export/shared_weights.py: the int8 graph quantizes the FP32 graph's fp16 weights at load.
     import shutil
 
-    from models.shared_weights import WEIGHTS_FILE, share_weights
+    from models.export.shared_weights import WEIGHTS_FILE, share_weights
 
     alone, shared = tmp_path / "alone", tmp_path / "shared"
     for folder in (alone, shared):

@@ -64,7 +64,7 @@ def test_decide_score_on_ray_answers_like_decide_score(tiny_scoped_package_dir, 
 def test_the_predictor_with_a_shipped_package_in_map_batches(tiny_package_dir):
     """The documented UDF: ds.map_batches(DecidePredictor, fn_constructor_kwargs={"package": ...})."""
     from runtime import Classifier
-    from runtime.ray_data import DecidePredictor, ship_package
+    from runtime.score.ray_data import DecidePredictor, ship_package
 
     items = texts(500, seed=8)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -263,7 +263,7 @@ def test_a_damaged_package_in_a_worker_process_is_exit_4_and_nothing_is_written(
 def test_progress_is_a_bar_on_a_terminal_and_plain_lines_elsewhere():
     import io
 
-    from runtime.progress import Progress
+    from runtime.score.progress import Progress
 
     bar, plain = io.StringIO(), io.StringIO()
     for stream, tty in ((bar, True), (plain, False)):
@@ -278,8 +278,8 @@ def test_progress_is_a_bar_on_a_terminal_and_plain_lines_elsewhere():
 
 def test_score_modules_import_neither_numpy_nor_ray_nor_pyarrow():
     """The probe-first rule, and Ray/pyarrow stay optional: importing any of it loads none of them."""
-    code = ("import sys, runtime.score, runtime.score_input, runtime.score_long, runtime.score_output, "
-            "runtime.score_pool, runtime.ray_data, runtime.classifier, runtime.progress; from runtime import Classifier; "
+    code = ("import sys, runtime.score.job, runtime.score.inputs, runtime.score.long, runtime.score.outputs, "
+            "runtime.score.pool, runtime.score.ray_data, runtime.engine.classifier, runtime.score.progress; from runtime import Classifier; "
             "print(sorted(m for m in ('numpy', 'onnxruntime', 'ray', 'pyarrow', 'pandas') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -1,6 +1,6 @@
 """decide score's readers: a record of any size is read, the same way whichever path reads it.
 
-Records up to 1 MiB go through csv.reader / json.loads; longer ones through runtime/score_long.py,
+Records up to 1 MiB go through csv.reader / json.loads; longer ones through runtime/score/long.py,
 which must read them exactly as those would (here: generated records, the long path fed pieces
 of a few bytes so that every boundary falls everywhere). In-process and fast: no model needed."""
 
@@ -13,8 +13,8 @@ import random
 
 import pytest
 
-from runtime.score_input import csv_records, jsonl_records, read_csv_header
-from runtime.score_long import Prefix, clip, read_csv_record, read_json_record
+from runtime.score.long import Prefix, clip, read_csv_record, read_json_record
+from runtime.score.records import csv_records, jsonl_records, read_csv_header
 
 CSV_TOKENS = ["a", "b", "é", "雨", "😀", ",", '"', '""', "\n", "\r\n", "\r", " ", "\t", "x y"]
 

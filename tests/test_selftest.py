@@ -2,8 +2,8 @@
 
 import pytest
 
-from runtime.engine import Engine
-from runtime.package import load_package, read_golden
+from runtime.engine.engine import Engine
+from runtime.package.load import load_package, read_golden
 from runtime.selftest import run_golden
 
 
@@ -52,7 +52,7 @@ def _corrupted_copy(real_model_dir, tmp_path, variant, pick, change):
     quantization parameter (manifest checksums updated, so only selftest can notice).
 
     The changed value goes into a new initializer that only that op reads: in a package with shared
-    weights (models/shared_weights.py) the int8 weights are quantized at load with the op's own scale
+    weights (models/export/shared_weights.py) the int8 weights are quantized at load with the op's own scale
     and zero point, so changing the shared initializer would re-quantize them consistently and
     change nothing; the fault a factory could make is an op reading a parameter its weights were
     not quantized with."""
@@ -62,7 +62,8 @@ def _corrupted_copy(real_model_dir, tmp_path, variant, pick, change):
     import onnx
     from onnx import numpy_helper
 
-    from runtime.package import file_entry, write_manifest
+    from runtime.package.load import file_entry
+    from runtime.package.manifest import write_manifest
 
     copy = tmp_path / "package"
     shutil.copytree(real_model_dir, copy)

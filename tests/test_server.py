@@ -337,7 +337,8 @@ def test_stale_socket_is_replaced_but_a_live_one_or_a_file_is_not(tiny_package_d
 
 SLOW_LOADER = textwrap.dedent("""
     import sys, time
-    from runtime import cli, server
+    from runtime import cli
+    from runtime.serve import server
     original = cli.load_engine
     def slow_load_engine(*args, **kwargs):
         time.sleep(2.0)  # a big model's load time, so "loading" can be observed

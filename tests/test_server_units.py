@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from runtime import sdnotify
-from runtime.admission import Pending, RequestQueue
-from runtime.framing import LineSplitter, split_lines
-from runtime.listen import ListenError, check_socket_directory, is_loopback, parse_tcp_address
 from runtime.protocol import ClassifyRequest
-from runtime.serverstats import parse_proc_status
-from runtime.service import percentile
+from runtime.serve import sdnotify
+from runtime.serve.admission import Pending, RequestQueue
+from runtime.serve.framing import LineSplitter, split_lines
+from runtime.serve.listen import ListenError, check_socket_directory, is_loopback, parse_tcp_address
+from runtime.serve.serverstats import parse_proc_status
+from runtime.serve.service import percentile
 
 
 def split_incrementally(chunks: list[bytes], limit: int) -> list:
@@ -147,9 +147,9 @@ def test_a_batch_thread_gathering_while_another_takes_everything_waits_again():
 
 def test_the_batch_delay_waits_only_for_connections_that_sent_recently():
     """An open but idle connection must not make every batch wait the whole delay for it."""
-    from runtime.listen import ListenAddress
-    from runtime.server import ACTIVE_SENDER_S, ServerConfig, SocketServer
-    from runtime.service import Service
+    from runtime.serve.listen import ListenAddress
+    from runtime.serve.server import ACTIVE_SENDER_S, ServerConfig, SocketServer
+    from runtime.serve.service import Service
 
     server = SocketServer(ServerConfig(address=ListenAddress(path="/unused.sock")), Service(), lambda: None)
     class Sender:  # the one Connection attribute the count reads
@@ -211,7 +211,7 @@ def test_notify_sends_one_datagram(tmp_path, monkeypatch):
 
 
 def test_write_all_waits_on_a_non_blocking_pipe_and_writes_everything():
-    from runtime.framing import write_all
+    from runtime.serve.framing import write_all
 
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
@@ -233,7 +233,7 @@ def test_write_all_waits_on_a_non_blocking_pipe_and_writes_everything():
 
 
 def test_write_all_errors_are_typed():
-    from runtime.framing import OutputFailed, write_all
+    from runtime.serve.framing import OutputFailed, write_all
 
     with open("/dev/full", "wb") as full, pytest.raises(OutputFailed, match="No space left"):
         write_all(full.fileno(), b"x\n")
@@ -267,7 +267,7 @@ def test_freed_places_go_to_the_waiting_connection_with_the_fewest_queued():
     spite of waiting first, so a pipelining connection cannot take every freed place."""
     import asyncio
 
-    from runtime.admission import Admission
+    from runtime.serve.admission import Admission
 
     async def scenario() -> list[str]:
         queue = RequestQueue(capacity=3)
@@ -300,7 +300,7 @@ def test_freed_places_go_to_the_waiting_connection_with_the_fewest_queued():
 def test_a_request_that_finds_no_place_within_the_timeout_is_refused_and_leaves_no_waiter():
     import asyncio
 
-    from runtime.admission import Admission
+    from runtime.serve.admission import Admission
 
     async def scenario() -> tuple[bool, int, int]:
         queue = RequestQueue(capacity=1)
@@ -319,7 +319,7 @@ def test_a_request_that_finds_no_place_within_the_timeout_is_refused_and_leaves_
 def test_a_closing_connection_leaves_the_waiting_line_without_taking_a_place():
     import asyncio
 
-    from runtime.admission import Admission
+    from runtime.serve.admission import Admission
 
     async def scenario() -> tuple[int, list]:
         queue = RequestQueue(capacity=1)
@@ -344,7 +344,7 @@ def test_a_closing_connection_leaves_the_waiting_line_without_taking_a_place():
 
 def test_bytes_the_client_has_not_read_yet_are_seen_in_the_kernel_queue():
     # A connection whose answers wait in the kernel for a slow client is not idle (issue 33).
-    from runtime.connection import unread_by_peer
+    from runtime.serve.connection import unread_by_peer
 
     class Transport:
         def __init__(self, sock: socket.socket):

@@ -1,5 +1,5 @@
 """Every signal a service manager or a terminal sends, under load, to both transports: each does
-what runtime/signals.py's table says, and no answer is lost for a line decide read before it
+what runtime/serve/signals.py's table says, and no answer is lost for a line decide read before it
 (issue 23: SIGHUP and SIGUSR1 killed both transports mid-stream)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.signals import RULES, STOP
+from runtime.serve.signals import RULES, STOP
 
 REPO = Path(__file__).resolve().parent.parent
 SIGNALS = ["SIGHUP", "SIGUSR1", "SIGUSR2", "SIGPIPE", "SIGINT", "SIGTERM", "SIGQUIT"]

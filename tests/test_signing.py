@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from models import keys
-from runtime import ed25519
-from runtime.cli import EXIT_OK, EXIT_PACKAGE, EXIT_USAGE, main
-from runtime.package import load_package, verify_files
-from runtime.signing import (
+from runtime.cli import main
+from runtime.exits import EXIT_OK, EXIT_PACKAGE, EXIT_USAGE
+from runtime.package import ed25519
+from runtime.package.load import load_package, verify_files
+from runtime.package.signing import (
     SIGNATURE_NAME,
     TrustedKeys,
     TrustError,
@@ -181,7 +182,7 @@ def flip_named(name: str, package: Path, _other: Path) -> None:
 def edit_and_rehash(package: Path) -> None:
     """A changed label written back through the factory's own manifest writer: every sha256 is
     right again, only the signature can tell."""
-    from runtime.package import write_manifest
+    from runtime.package.manifest import write_manifest
 
     manifest = load_package(package).manifest
     import dataclasses

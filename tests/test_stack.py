@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.stack import (
+from runtime.platform.stack import (
     ENV_LEGACY_PATH,
     LEGACY_NUMPY,
     LegacyStackMissing,
@@ -21,7 +21,7 @@ from runtime.stack import (
     legacy_candidates,
     numpy_version_in,
 )
-from runtime.tiers import CpuUnsupported, Tier
+from runtime.platform.tiers import CpuUnsupported, Tier
 
 REPO = Path(__file__).resolve().parent.parent
 LEGACY_TIER = Tier("baseline", ("sse2", "pni"), ("fp32",), numeric_stack="legacy")

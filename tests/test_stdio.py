@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from fixtures.child import after_shell
 
-from runtime.framing import split_lines
 from runtime.protocol import LineTooLong
+from runtime.serve.framing import split_lines
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -167,7 +167,7 @@ def test_utf8_regardless_of_locale(tiny_package_dir):
 
 
 def test_stray_prints_cannot_reach_the_wire():
-    code = ("import os; from runtime.stdio import protect_stdout; from runtime.framing import write_all; w = protect_stdout(); "
+    code = ("import os; from runtime.serve.stdio import protect_stdout; from runtime.serve.framing import write_all; w = protect_stdout(); "
             "print('stray print'); os.write(1, b'stray fd write\\n'); write_all(w, b'wire\\n')")
     out = subprocess.run([sys.executable, "-c", code], check=False, cwd=REPO, capture_output=True, timeout=30)
     assert out.returncode == 0, out.stderr

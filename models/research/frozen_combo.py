@@ -5,7 +5,7 @@
 
 import numpy as np
 
-from models.calibration import fit_temperature
+from models.gate.calibration import fit_temperature
 from models.research import harness
 
 with np.load(harness.OUT / "frozen_layers_query.npz") as saved:

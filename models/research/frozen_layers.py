@@ -9,8 +9,8 @@ import torch
 from tokenizers import Tokenizer
 
 from models.assets import e5_tokenizer_file
-from models.encoder import bert_from_e5
 from models.research import harness
+from models.training.encoder import bert_from_e5
 
 torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
 prefix = sys.argv[1] if len(sys.argv) > 1 else "query: "

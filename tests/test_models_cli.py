@@ -182,20 +182,6 @@ def test_settings_that_are_not_recipe_keys_are_refused(tmp_path):
     assert result.returncode == 2 and "epochz" in _one_line(result)
 
 
-@pytest.mark.parametrize(("settings", "word"), [
-    ({"negative_margin": 0.5, "scope_flag_target": 0.9}, "not both"),
-    ({"negative_margin": -1}, "negative_margin"),
-    ({"negative_margin": "0.5"}, "negative_margin"),
-])
-def test_a_fixed_margin_is_checked_before_training(tmp_path, settings, word):
-    data = write_csv(tmp_path / "ok.csv", tiny_rows())
-    path = tmp_path / "s.json"
-    path.write_text(json.dumps(settings))
-    result = run_without_torch("train", "--data", str(data), "--settings", str(path), "--out", str(tmp_path / "p"))
-    assert result.returncode == 2 and word in _one_line(result)
-    assert not (tmp_path / "p").exists()
-
-
 def test_the_default_recipes_margin_is_fixed_and_kept_apart_from_the_cache_key():
     from dataclasses import replace
 
@@ -726,8 +712,11 @@ def test_a_tiny_hybrid_trains_packages_and_selftests_every_variant(tmp_path):
     ({"student_arch": {"kind": "hybrid", "conv_layers": 3, "attention_layers": 1, "kernel": 4},
       "student_layers": None}, "student_arch.kernel must be an odd integer"),
     ({"head": "cls-linear"}, "head must be one of 'mean-linear', 'pooled-mlp'"),
+    ({"negative_margin": 0.5, "scope_flag_target": 0.9}, "not both"),
+    ({"negative_margin": -1}, "negative_margin"),
+    ({"negative_margin": "0.5"}, "negative_margin"),
 ])
-def test_a_student_shape_or_head_it_cannot_build_is_refused_without_torch(tmp_path, settings, words):
+def test_settings_it_cannot_use_are_refused_without_torch(tmp_path, settings, words):
     data = write_csv(tmp_path / "ok.csv", tiny_rows())
     path = tmp_path / "s.json"
     path.write_text(json.dumps(settings))

@@ -52,12 +52,18 @@ TINY_ROWS = {
                     "Flaschen umgefallen auf der Linie", "Trichter ist leer", "Rutsche verstopft",
                     "Folie im Wickler verklemmt", "Teile stauen sich an Station 3"],
 }
-# the default recipe's path (feature distillation from frozen e5), shrunk: a 2-layer student, 3,000 pieces
-TINY_SETTINGS = {"student_layers": [0, 1], "vocab_budget": 3000, "golden_count": 6, "distill_augment": 0,
-                 "feature_distill": {"epochs": 3, "batch_size": 8, "lr": 3e-4, "head_reg": 1e-3}}
+# the default recipe's path (a fine-tuned e5 teacher distilled into the student), shrunk: the teacher trains its
+# top 2 layers, a 2-layer student, 3,000 pieces
+TINY_SETTINGS = {"student_layers": [0, 1], "vocab_budget": 3000, "golden_count": 6,
+                 "teacher": {"epochs": 3, "batch_size": 8, "lr": 2e-4, "head_lr": 2e-3, "freeze_layers": 10},
+                 "student": {"epochs": 3, "batch_size": 8, "lr": 3e-4, "head_lr": 2e-3}}
+# the embedded default's path (feature distillation from frozen e5), shrunk the same way
+TINY_FEATURE_SETTINGS = {"student_layers": [0, 1], "vocab_budget": 3000, "golden_count": 6, "distill_augment": 0,
+                         "teacher": None, "feature_distill": {"epochs": 3, "batch_size": 8, "lr": 3e-4, "head_reg": 1e-3}}
 # the conv-attention hybrid (models/training/hybrid.py) with the pooled head, feature-distilled from frozen e5: same budget;
 # every int8 variant asked for (publish makes the ones this machine's tier serves)
 TINY_HYBRID_SETTINGS = {"student_layers": None, "vocab_budget": 3000, "golden_count": 6, "distill_augment": 0,
+                        "teacher": None,
                         "feature_distill": {"epochs": 3, "batch_size": 8, "lr": 1e-3},
                         "student_arch": {"kind": "hybrid", "conv_layers": 1, "attention_layers": 1, "kernel": 3,
                                          "conv_ffn": 256},
@@ -578,7 +584,7 @@ NEGATIVES = {"en": ["canteen closes at three today", "reset my password please",
                     "Besprechung auf Freitag verschoben", "Schichtübergabe erledigt", "neue Plakate in Halle 2",
                     "Parkplatz morgen gesperrt"]}
 UNREADABLE = "ދުވަހު ހަވީރު ސިސްޓަމް ހުއްޓުނު"  # Thaana: no piece of e5's vocabulary reads it
-SCOPED_SETTINGS = {**TINY_SETTINGS, "novelty_flag_rate": 0.05, "novelty_split_rate": 0.05, "scope_flag_target": 0.9}
+SCOPED_SETTINGS = {**TINY_FEATURE_SETTINGS, "novelty_flag_rate": 0.05, "novelty_split_rate": 0.05, "scope_flag_target": 0.9}
 
 
 def scoped_rows() -> list[list[str]]:
@@ -708,7 +714,11 @@ def test_a_tiny_hybrid_trains_packages_and_selftests_every_variant(tmp_path):
 
 
 @pytest.mark.parametrize("settings, words", [
-    ({"student_arch": {"kind": "hybrid", "conv_layers": 3, "attention_layers": 1}}, "set student_layers to null"),
+    ({"student_arch": {"kind": "hybrid", "conv_layers": 3, "attention_layers": 1}},  # on the default's teacher path
+     "a hybrid student_arch needs feature_distill"),
+    ({"student_arch": {"kind": "hybrid", "conv_layers": 3, "attention_layers": 1}, "teacher": None,
+      "feature_distill": {"epochs": 1}}, "set student_layers to null"),
+    ({"head": "pooled-mlp"}, "head applies to feature-distilled students"),
     ({"student_arch": {"kind": "hybrid", "conv_layers": 3, "attention_layers": 1, "kernel": 4},
       "student_layers": None}, "student_arch.kernel must be an odd integer"),
     ({"head": "cls-linear"}, "head must be one of 'mean-linear', 'pooled-mlp'"),

@@ -208,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--recipe", choices=recipe_names(), help="a recipe of models/recipes/ instead of --data")
     train.add_argument("--out", type=Path, help="package directory to create or replace (--recipe: models/packages/NAME)")
     train.add_argument("--name", help="package name (default: the --out directory's name)")
-    train.add_argument("--quick", action="store_true", help="the recipe's quick settings: a first model, ~1/3 of the time")
+    train.add_argument("--quick", action="store_true", help="the recipe's quick settings: a first model for ~2/3 of the CPU")
     train.add_argument("--text-column", default="text")
     train.add_argument("--label-column", default="label")
     train.add_argument("--negatives", type=Path, action="append", metavar="FILE",

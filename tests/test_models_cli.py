@@ -57,9 +57,6 @@ TINY_ROWS = {
 TINY_SETTINGS = {"student_layers": [0, 1], "vocab_budget": 3000, "golden_count": 6,
                  "teacher": {"epochs": 3, "batch_size": 8, "lr": 2e-4, "head_lr": 2e-3, "freeze_layers": 10},
                  "student": {"epochs": 3, "batch_size": 8, "lr": 3e-4, "head_lr": 2e-3}}
-# the embedded default's path (feature distillation from frozen e5), shrunk the same way
-TINY_FEATURE_SETTINGS = {"student_layers": [0, 1], "vocab_budget": 3000, "golden_count": 6, "distill_augment": 0,
-                         "teacher": None, "feature_distill": {"epochs": 3, "batch_size": 8, "lr": 3e-4, "head_reg": 1e-3}}
 # the conv-attention hybrid (models/training/hybrid.py) with the pooled head, feature-distilled from frozen e5: same budget;
 # every int8 variant asked for (publish makes the ones this machine's tier serves)
 TINY_HYBRID_SETTINGS = {"student_layers": None, "vocab_budget": 3000, "golden_count": 6, "distill_augment": 0,
@@ -584,7 +581,7 @@ NEGATIVES = {"en": ["canteen closes at three today", "reset my password please",
                     "Besprechung auf Freitag verschoben", "Schichtübergabe erledigt", "neue Plakate in Halle 2",
                     "Parkplatz morgen gesperrt"]}
 UNREADABLE = "ދުވަހު ހަވީރު ސިސްޓަމް ހުއްޓުނު"  # Thaana: no piece of e5's vocabulary reads it
-SCOPED_SETTINGS = {**TINY_FEATURE_SETTINGS, "novelty_flag_rate": 0.05, "novelty_split_rate": 0.05, "scope_flag_target": 0.9}
+SCOPED_SETTINGS = {**TINY_SETTINGS, "novelty_flag_rate": 0.05, "novelty_split_rate": 0.05, "scope_flag_target": 0.9}
 
 
 def scoped_rows() -> list[list[str]]:

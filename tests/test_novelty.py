@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from models.publish.novelty import add_novelty_output, fit_novelty, logits_input, threshold_for
+from runtime.platform.offline import import_onnxruntime
+
+ort = import_onnxruntime()  # decide's import: telemetry off even when this module is imported outside pytest
 
 
 def linear_graph(weight: np.ndarray, bias: np.ndarray) -> onnx.ModelProto:

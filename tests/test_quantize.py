@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -17,6 +16,9 @@ from models.quantize.int8 import (
     quantize_variants,
     uint8_scale,
 )
+from runtime.platform.offline import import_onnxruntime
+
+ort = import_onnxruntime()  # decide's import: telemetry off even when this module is imported outside pytest
 
 VOCAB, HIDDEN, CLASSES = 40, 16, 4
 

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
+from runtime.platform.offline import import_onnxruntime
+
+ort = import_onnxruntime()  # decide's import: telemetry off even when this module is imported outside pytest
 REPO = Path(__file__).resolve().parent.parent
 text_format = pytest.importorskip("google.protobuf.text_format", reason="protobuf (comes with onnx) parses the config")
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory

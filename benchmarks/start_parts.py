@@ -24,8 +24,8 @@ from pathlib import Path
 
 from runtime.engine.engine import Engine, SessionSettings, session_options
 from runtime.package.load import load_package, read_tokenizer
+from runtime.platform.appdir import default_model_dir
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "packages" / "machine-alarms"
 IMPORTS = "import time; t = time.perf_counter(); import numpy, onnxruntime, tokenizers; print(time.perf_counter() - t)"
 
 
@@ -76,11 +76,11 @@ def variant_parts(package, name: str, settings: SessionSettings, runs: int, scra
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--model", type=Path, default=None, help="default: the embedded package")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
-    package = load_package(args.model)
+    package = load_package(args.model or default_model_dir())
     settings = SessionSettings(threads=args.threads)
     print(f"{package.manifest.name} {package.manifest.version}, {args.threads} intra-op threads, "
           f"median of {args.runs} (seconds)")
